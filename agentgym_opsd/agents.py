@@ -1,0 +1,112 @@
+"""Agents: what writes the turns.
+
+An agent answers `act(messages, info, env) -> str`: `messages` is the chat the context policy built
+(all a learned agent may use), `info` the env's last info dict, `env` the unwrapped env. Scripted
+agents (the experts, the random agent) read `env`; learned ones must not. Agents that can answer
+many prompts at once also define `act_batch`, which the rollout loop prefers.
+
+`make_agent(name)` builds one from a name: `random`, `expert`, `hf:PATH` (a local transformers
+policy), `openai:BASE_URL#MODEL` (an OpenAI-compatible endpoint such as a vLLM server).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from agentgym_opsd.context import Message
+from agentgym_opsd.core import TextEnv
+
+__all__ = ["Agent", "RandomAgent", "ExpertAgent", "make_agent", "act_all", "AgentError"]
+
+
+class AgentError(RuntimeError):
+    """An agent cannot act (no expert for this env, endpoint down, ...); the message says why."""
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """Anything that writes turns."""
+
+    name: str
+
+    def act(self, messages: list[Message], info: dict[str, Any], env: TextEnv) -> str:
+        """The agent's next turn, as raw text."""
+        ...
+
+
+def act_all(
+    agent: Agent,
+    messages: Sequence[list[Message]],
+    infos: Sequence[dict[str, Any]],
+    envs: Sequence[TextEnv],
+) -> list[str]:
+    """One turn for each of several episodes, batched when the agent can batch."""
+    batch = getattr(agent, "act_batch", None)
+    if batch is not None:
+        out = list(batch(list(messages), list(infos), list(envs)))
+        if len(out) != len(messages):
+            raise AgentError(f"{agent.name}: act_batch returned {len(out)} turns for {len(messages)} prompts")
+        return out
+    return [agent.act(m, i, e) for m, i, e in zip(messages, infos, envs, strict=True)]
+
+
+class RandomAgent:
+    """Picks uniformly among the admissible actions where the env knows them (else `env.random_action`)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.name = "random"
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, messages: list[Message], info: dict[str, Any], env: TextEnv) -> str:
+        actions = info["step"].admissible_actions if "step" in info else None
+        if actions:
+            action = actions[int(self.rng.integers(len(actions)))]
+        else:
+            action = env.random_action(self.rng)
+        return env.format_action(action)
+
+
+class ExpertAgent:
+    """Follows the env's scripted expert (`env.expert_action()`), written in the env's format."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.name = "expert"
+
+    def act(self, messages: list[Message], info: dict[str, Any], env: TextEnv) -> str:
+        try:
+            turn = env.expert_action()
+        except NotImplementedError as e:
+            raise AgentError(f"{type(env).__name__} has no expert agent: {e}") from None
+        if turn is None:
+            # The expert has no move from here (the task cannot be completed): an honest no-op turn,
+            # which the env records as invalid.
+            return "<think>The expert has no move from this state.</think>"
+        return turn
+
+
+# name prefix -> "module:factory"; factories take (spec after the prefix, seed)
+_AGENT_FACTORIES: dict[str, str] = {
+    "hf": "agentgym_opsd.policy_agents:make_hf_agent",
+    "openai": "agentgym_opsd.policy_agents:make_openai_agent",
+}
+
+
+def make_agent(name: str, *, seed: int = 0) -> Agent:
+    """Build an agent from its name: `random`, `expert`, `hf:PATH`, `openai:BASE_URL#MODEL`."""
+    if name == "random":
+        return RandomAgent(seed)
+    if name == "expert":
+        return ExpertAgent(seed)
+    prefix, _, rest = name.partition(":")
+    if prefix in _AGENT_FACTORIES and rest:
+        module, _, attr = _AGENT_FACTORIES[prefix].partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise AgentError(f"agent {name!r}: {prefix}: agents are not available here ({e})") from None
+        return factory(rest, seed=seed)
+    raise AgentError(f"unknown agent {name!r}: use random, expert, hf:PATH or openai:BASE_URL#MODEL")

@@ -1,0 +1,238 @@
+"""`agentgym-opsd`: the command line.
+
+Commands of the contract live here (`list`, `play`, `eval`); the other folders add theirs through
+`COMMANDS` (each entry names a light module with an `add_parser(subparsers)` function that imports
+its heavy dependencies only when the command runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import gymnasium as gym
+
+from agentgym_opsd.agents import AgentError, make_agent
+from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.episode import append_episodes, load_episodes
+from agentgym_opsd.io import DataFileError, atomic_write_json
+from agentgym_opsd.registry import UnknownEnvError, entry, make, plugin_errors, registered_envs
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+from agentgym_opsd.summary import format_table, summarize
+
+__all__ = ["main", "CliError", "parse_options", "make_env_factory"]
+
+# name -> "module:add_parser" for commands owned by other folders.
+COMMANDS: dict[str, str] = {}
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    """`KEY=VALUE` strings to keyword arguments; values are read as JSON when they parse (3, 0.5,
+    true, null, [1,2]) and as plain strings otherwise."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key.isidentifier():
+            raise CliError(f"--option {pair!r}: write it as KEY=VALUE, e.g. --option split=valid_seen")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def make_env_factory(env_id: str, options: dict[str, Any]):
+    """A function that builds the env, after one trial build that turns bad options into a CliError."""
+    entry(env_id)
+
+    def factory() -> gym.Env:
+        return make(env_id, **options)
+
+    try:
+        factory().close()
+    except TypeError as e:
+        raise CliError(f"{env_id}: bad option ({e}); `agentgym-opsd list` shows the envs") from None
+    return factory
+
+
+# ---------------------------------------------------------------------------------------------
+# list
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    entries = registered_envs()
+    if not entries:
+        print("no envs registered")
+    rows = [("id", "family", "subset", "splits (tasks)", "description")]
+    for e in entries:
+        parts = []
+        for split in e.splits:
+            size = "?"
+            if e.sizes is not None and args.sizes:
+                try:
+                    size = str(e.sizes(split))
+                except Exception as err:  # data missing: say so, keep listing
+                    size = f"n/a: {str(err).splitlines()[0][:60]}"
+            parts.append(f"{split} ({size})" if args.sizes else split)
+        rows.append((e.id, e.family, e.subset, ", ".join(parts), e.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+    for key, err in plugin_errors().items():
+        print(f"plug-in failed to load: {key}: {err}", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# play
+
+
+def _cmd_play(args: argparse.Namespace) -> int:
+    options = parse_options(args.option)
+    env = make_env_factory(args.env_id, options)()
+    raw = env.unwrapped
+    observation, info = env.reset(seed=args.seed)
+    print("=" * 30 + " system " + "=" * 30)
+    print(raw.instructions)
+    print("=" * 30 + " user " + "=" * 32)
+    print(observation)
+    total = 0.0
+    while True:
+        try:
+            turn = input("\nyour turn> ")
+        except EOFError:
+            print()
+            break
+        if turn.strip() in (":q", ":quit"):
+            break
+        observation, reward, terminated, truncated, info = env.step(turn)
+        total += float(reward)
+        print("=" * 30 + " user " + "=" * 32)
+        print(observation)
+        if terminated or truncated:
+            print(f"\nepisode over ({'terminated' if terminated else 'truncated'}): return {total:g}")
+            break
+    env.close()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# eval
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.episodes < 1:
+        raise CliError("--episodes must be >= 1")
+    options = parse_options(args.option)
+    factory = make_env_factory(args.env_id, options)
+    agent = make_agent(args.agent, seed=args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "episodes.jsonl"
+    done: dict[int, Any] = {}
+    if args.resume and path.exists():
+        for e in load_episodes(path, skip_torn_lines=True):
+            if e.env_id == args.env_id and e.agent == agent.name and e.seed is not None:
+                done[e.seed] = e
+    elif path.exists():
+        path.unlink()
+    seeds = [args.seed + i for i in range(args.episodes)]
+    requests = [EpisodeRequest(seed=s, options={}) for s in seeds if s not in done]
+    started = time.perf_counter()
+    new = run_episodes(
+        factory,
+        agent,
+        requests,
+        num_envs=args.num_envs,
+        context=args.context,
+        progress=f"{args.agent} on {args.env_id}",
+        on_episode=lambda e: append_episodes(path, [e]),
+    )
+    by_seed = {**done, **{e.seed: e for e in new}}
+    episodes = [by_seed[s] for s in seeds if s in by_seed]
+    summary = summarize(episodes, env_id=args.env_id, agent=agent.name)
+    summary["options"] = options
+    summary["seeds"] = [seeds[0], seeds[-1]]
+    summary["wall_seconds"] = round(time.perf_counter() - started, 3)
+    atomic_write_json(out / "summary.json", summary)
+    print(format_table(summary))
+    print(f"wrote {path} and {out / 'summary.json'}")
+    if episodes and all(e.error for e in episodes):
+        raise CliError(f"every episode failed; the first: {episodes[0].error}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="agentgym-opsd", description="Multi-turn text environments and per-turn credit for LLM agents.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("list", help="list the registered envs, their subsets, splits and sizes")
+    p.add_argument("--no-sizes", dest="sizes", action="store_false", help="do not load data to count tasks")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("play", help="play an env in the terminal, seeing exactly what an agent sees")
+    p.add_argument("env_id")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="keyword for gymnasium.make (repeatable)")
+    p.set_defaults(func=_cmd_play)
+
+    p = sub.add_parser("eval", help="run an agent on an env and write episodes.jsonl and summary.json")
+    p.add_argument("env_id")
+    p.add_argument("--agent", required=True, help="random, expert, hf:PATH or openai:BASE_URL#MODEL")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i (the seed picks the task)")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="keyword for gymnasium.make (repeatable)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--num-envs", type=int, default=8, help="episodes played at once")
+    p.add_argument("--context", default="full", help="full or window:K")
+    p.add_argument("--resume", action="store_true", help="keep finished episodes in OUT and play the rest")
+    p.set_defaults(func=_cmd_eval)
+
+    for name, target in COMMANDS.items():
+        module, _, attr = target.partition(":")
+        try:
+            getattr(importlib.import_module(module), attr)(sub)
+        except ImportError as e:  # a command whose dependencies are missing is reported when used
+            p = sub.add_parser(name, help=f"(unavailable: {e})")
+            p.set_defaults(func=lambda a, e=e, n=name: (_ for _ in ()).throw(CliError(f"{n}: unavailable here: {e}")))
+    return parser
+
+
+_USER_ERRORS = (CliError, UnknownEnvError, EnvUnavailable, AgentError, DataFileError, FileNotFoundError, ValueError, gym.error.Error)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except _USER_ERRORS as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        prefix = "" if msg.startswith("agentgym-opsd") else "agentgym-opsd: error: "
+        print(f"{prefix}{msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("agentgym-opsd: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Durable files: atomic writes and crash-safe JSONL appends.
+
+Every result file of the suite goes through here. A write either completes or leaves the previous
+file in place (temp file in the same folder, fsync, rename, fsync of the folder); an append is one
+`write` of a whole line followed by fsync, and a reader drops a torn last line left by a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "append_jsonl", "read_jsonl", "read_jsonl_numbered", "DataFileError"]
+
+
+class DataFileError(ValueError):
+    """A data or result file could not be read; the message names the file and line."""
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never a mix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
+    """Append records as JSON lines, durably: each call ends with fsync."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+    if not data:
+        return
+    with open(path, "ab") as f:
+        # A previous crash may have left a torn line without its newline: start on a fresh line.
+        if f.tell() > 0:
+            with open(path, "rb") as r:
+                r.seek(-1, os.SEEK_END)
+                if r.read(1) != b"\n":
+                    data = b"\n" + data
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | os.PathLike[str], *, skip_torn_lines: bool = False) -> Iterator[dict[str, Any]]:
+    """Yield the JSON objects of a JSONL file (see `read_jsonl_numbered`)."""
+    for _, obj in read_jsonl_numbered(path, skip_torn_lines=skip_torn_lines):
+        yield number, obj
+
+
+def read_jsonl_numbered(
+    path: str | os.PathLike[str], *, skip_torn_lines: bool = False
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield `(line number, object)` for each JSON object of a JSONL file.
+
+    Args:
+        skip_torn_lines: skip lines that are not valid JSON (what a crash during `append_jsonl`
+            leaves) instead of raising. Otherwise a bad line raises `DataFileError` naming the file
+            and the line.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: no such file") from None
+    lines = raw.split(b"\n")
+    last = len(lines) - 1
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if skip_torn_lines:
+                continue
+            where = "truncated last line" if number - 1 == last else "invalid JSON"
+            raise DataFileError(f"{path}:{number}: {where}: {e}") from None
+        if not isinstance(obj, dict):
+            raise DataFileError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+        yield number, obj

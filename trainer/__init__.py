@@ -1,0 +1,1 @@
+"""Per-turn credit (`credit/`), teacher contexts and scoring, the local trainer, the OpenRLHF bridge."""
