@@ -28,7 +28,12 @@ from agentgym_opsd.summary import format_table, summarize
 __all__ = ["main", "CliError", "parse_options", "make_env_factory"]
 
 # name -> "module:add_parser" for commands owned by other folders.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "bench": "agentgym_opsd.bench_commands:add_bench",
+    "report": "agentgym_opsd.bench_commands:add_report",
+    "serve-policy": "agentgym_opsd.bench_commands:add_serve_policy",
+    "demo": "agentgym_opsd.bench_commands:add_demo",
+}
 
 
 class CliError(Exception):
