@@ -491,8 +491,9 @@ def plot_results(results: dict[str, Any], out_dir: Path) -> list[Path]:
                 r = match[0]
                 xs.append(i + (j - (len(splits) - 1) / 2) * width)
                 heights.append(100 * r["success_rate"])
-                lows.append(100 * (r["success_rate"] - r["success_ci95"][0]))
-                highs.append(100 * (r["success_ci95"][1] - r["success_rate"]))
+                # (the interval's float ends may sit a rounding error inside the rate at 0 and 1)
+                lows.append(max(0.0, 100 * (r["success_rate"] - r["success_ci95"][0])))
+                highs.append(max(0.0, 100 * (r["success_ci95"][1] - r["success_rate"])))
             bars = ax.bar(xs, heights, width=width * 0.9, yerr=[lows, highs], capsize=3, label=split)
             ax.bar_label(bars, labels=[f"{h:.0f}" for h in heights], padding=2, fontsize=8)
         ax.set_xticks(range(len(agents)), [a if len(a) <= 18 else a[:8] + "…" + a[-8:] for a in agents], fontsize=8)

@@ -295,8 +295,10 @@ def _episode_json(source: str, episode: Episode, instructions: dict[str, int]) -
 
 
 def _script_json(obj: Any) -> str:
-    """JSON safe inside a <script> element."""
-    return json.dumps(obj, ensure_ascii=False).replace("</", "<\\/").replace("<!--", "<\\!--")
+    """JSON safe inside a <script> element: `<`, `>` and `&` only occur inside JSON strings, where
+    their \\u escapes mean the same, so no env text can close the element or open a comment."""
+    text = json.dumps(obj, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 _TEMPLATE = Path(__file__).with_name("template.html")
