@@ -24,8 +24,9 @@ Nouns: WebShop tags titles with spaCy's `en_core_web_sm` (tokens tagged NOUN or 
 is not a PyPI package, so the default tagger here is a deterministic stand-in: the title's word
 tokens minus English function words (determiners, pronouns, prepositions, conjunctions, auxiliaries,
 numbers, possessive 's). It can count an adjective or verb that spaCy would drop, so title_score
-may differ from WebShop's for a product other than the target; buying the target itself always
-scores title_score = 1 under both. `noun_tagger("spacy")` uses spaCy's model where it is installed.
+may differ from WebShop's for a product other than the target. Buying the target itself gets
+r_type = 1 under both (its query matches, and title_score is its distinct nouns over its nouns).
+`noun_tagger("spacy")` uses spaCy's model where it is installed.
 """
 
 from __future__ import annotations

@@ -8,16 +8,14 @@ The index is built once per catalog and reused: by default under
 `$AGENTGYM_OPSD_CACHE/webshop/index-<catalog fingerprint>` (`~/.cache/agentgym-opsd` without the
 variable), or in the folder given as `index_dir`. A folder that already holds an index is used as
 it is (so WebShop's own pyserini indexes work too: their document ids are ASINs). Builds go to a
-temporary folder first and are renamed into place, so a crash or a concurrent build never leaves a
-half-written index behind.
+temporary folder first and are renamed into place (`build_index` does it), so a crash or a
+concurrent build never leaves a half-written index behind.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import threading
-import uuid
 from collections import OrderedDict
 from pathlib import Path
 
@@ -28,9 +26,8 @@ __all__ = ["ProductSearch", "clean_query", "default_cache_dir", "SEARCH_RETURN_N
 
 SEARCH_RETURN_N = 50  # results per search (WebShop's SEARCH_RETURN_N)
 PRODUCTS_PER_PAGE = 10  # results per page (WebShop's PRODUCT_WINDOW)
-MAX_QUERY_WORDS = 64  # longer queries are cut (Lucene refuses queries of more than 1024 terms)
+MAX_QUERY_WORDS = 64  # longer queries are cut: a search box query, not a document
 MAX_QUERY_CHARS = 1000
-_READY = "WEBSHOP_INDEX_READY"
 
 
 def default_cache_dir() -> Path:
@@ -46,25 +43,18 @@ def clean_query(text: str) -> str:
 
 
 def _has_index(folder: Path) -> bool:
-    return folder.is_dir() and any(folder.iterdir())
+    return folder.is_dir() and any(folder.glob("segments_*"))
 
 
 def _build(catalog: Catalog, target: Path, progress: bool) -> None:
     from retrieval_index.lucene import build_index  # noqa: PLC0415 (starts a JVM: imported when needed)
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        build_index(list(catalog.documents()), staging, threads=1, progress=progress)
-        (staging / _READY).write_text(f"{catalog.name} {len(catalog)} products\n", encoding="utf-8")
-        try:
-            os.replace(staging, target)
-        except OSError:
-            if not _has_index(target):  # not a concurrent build that won the race: a real error
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        # build_index writes beside `target` and renames into place: never a half-built index.
+        build_index(list(catalog.documents()), target, threads=1, progress=progress)
+    except FileExistsError:
+        if not _has_index(target):  # not a concurrent build that finished first: a real error
+            raise
 
 
 class ProductSearch:
@@ -87,20 +77,17 @@ class ProductSearch:
             folder = default_cache_dir() / "webshop" / f"index-{catalog.fingerprint()}"
         else:
             folder = Path(index_dir).expanduser()
-        if not _has_index(folder):
-            try:
-                _build(catalog, folder, progress)
-            except ImportError as e:
-                raise EnvUnavailable(
-                    f"WebShop search needs the project's Lucene index (retrieval_index.lucene): {e}; "
-                    "reinstall the project with `make setup`"
-                ) from None
         try:
+            if not _has_index(folder):
+                _build(catalog, folder, progress)
             from retrieval_index.lucene import BM25Searcher  # noqa: PLC0415
 
             self._searcher = BM25Searcher(str(folder))
-        except ImportError as e:
-            raise EnvUnavailable(f"WebShop search cannot open the index in {folder}: {e}; run `make setup`") from None
+        except (ImportError, RuntimeError, OSError) as e:
+            raise EnvUnavailable(
+                f"WebShop search cannot build or open its Lucene index in {folder}: {e} "
+                "(`make setup` installs pyserini and Java; index_dir= chooses another folder)"
+            ) from None
         self.index_dir = folder
         self.cache_size = int(cache_size)
         self._cache: OrderedDict[str, tuple[str, ...]] = OrderedDict()
