@@ -26,6 +26,7 @@ Options (keyword arguments of `gymnasium.make("agentgym/WebShop-v0", ...)`):
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from environments.webshop.pages import (
     clickables,
     render,
 )
-from environments.webshop.reward import MATCH_THRESHOLD, RewardBreakdown, normalize_color, token_set_score
+from environments.webshop.reward import MATCH_THRESHOLD, RewardBreakdown, normalize_color, option_reward, token_set_score
 from environments.webshop.search import PRODUCTS_PER_PAGE, clean_query
 from environments.webshop.world import WebShopWorld, get_world
 
@@ -373,25 +374,23 @@ class WebShopEnv(TextEnv):
         if not product.options:
             return {}, self.world.reward(goal, product.asin, {}).reward
         groups = list(product.options)
-        sizes = [len(product.options[g]) for g in groups]
-        n_combinations = 1
-        for n in sizes:
-            n_combinations *= max(n, 1)
-        if n_combinations <= _MAX_OPTION_COMBINATIONS:
+        if math.prod(max(len(product.options[g]), 1) for g in groups) <= _MAX_OPTION_COMBINATIONS:
             candidates = (
                 dict(zip(groups, values, strict=True)) for values in itertools.product(*(product.options[g] for g in groups))
             )
         else:
             candidates = iter([_greedy_options(product, goal)])
+        # Only the option term of the reward depends on the choice: maximise the options matched.
+        n_wanted = len(goal.goal_options)
         best_options: dict[str, str] = {}
-        best_reward = -1.0
+        best_matched = -1
         for options in candidates:
-            reward = self.world.reward(goal, product.asin, options).reward
-            if reward > best_reward:
-                best_options, best_reward = options, reward
-                if reward == 1.0:
+            matched = option_reward(list(options.values()), goal.goal_options)[1]
+            if matched > best_matched:
+                best_options, best_matched = options, matched
+                if matched == n_wanted:
                     break
-        return best_options, best_reward
+        return best_options, self.world.reward(goal, product.asin, best_options).reward
 
 
 def _greedy_options(product: Product, goal: Goal) -> dict[str, str]:

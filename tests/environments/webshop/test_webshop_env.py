@@ -267,11 +267,12 @@ def test_expert_reaches_the_best_reward_of_every_real_goal(make_real):
     unattainable = 0
     for seed in range(env.num_tasks):
         info = _run_expert(env, seed)
-        best = _best_reward_for_target(env)
-        assert info["hindsight"].score == pytest.approx(best), env.task_id
-        assert info["hindsight"].success == (best == 1.0)
-        assert info["purchased"]["asin"] == env.goal.asin
-        unattainable += best < 1.0
+        assert info["purchased"]["asin"] == env.goal.asin, env.task_id
+        if info["hindsight"].success:
+            continue  # 1.0 is the best there is
+        # A miss must be the best any choice of the target's options can do.
+        assert info["hindsight"].score == pytest.approx(_best_reward_for_target(env)), env.task_id
+        unattainable += 1
     # WebShop's option reward cannot match some synthetic goal options even on the target (e.g. a
     # value "green2" normalises to "green" but the goal pair stays "color green2"): a minority.
     assert unattainable < env.num_tasks * 0.1
