@@ -148,6 +148,11 @@ class WebShopEnv(TextEnv):
         info["available_actions"] = self.available_actions()
         return observation, info
 
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = super().step(action)
+        info["available_actions"] = self.available_actions()  # after malformed turns too
+        return observation, reward, terminated, truncated, info
+
     # ------------------------------------------------------------------------------------------
     # Pages and actions.
 
@@ -171,7 +176,7 @@ class WebShopEnv(TextEnv):
 
     def _refuse(self, reason: str) -> Transition:
         observation = f"Invalid action: {reason}. Nothing happened.{' [SEP] '}{self._render()}"
-        return Transition(observation, 0.0, False, admissible=False, info={"available_actions": self.available_actions()})
+        return Transition(observation, 0.0, False, admissible=False)
 
     def _invalid(self, parsed: ParsedAction) -> str:
         return f"Invalid action: {parsed.error}. Write one action as <action>search[...]</action> or <action>click[...]</action>. [SEP] {self._render()}"
@@ -194,7 +199,7 @@ class WebShopEnv(TextEnv):
             if argument == BUY_NOW.lower():
                 return self._buy()
             self._click(argument, table[argument])
-        return Transition(self._render(), 0.0, False, admissible=True, info={"available_actions": self.available_actions()})
+        return Transition(self._render(), 0.0, False, admissible=True)
 
     def _search(self, query: str) -> None:
         s = self.session
@@ -230,7 +235,6 @@ class WebShopEnv(TextEnv):
         s.purchase = self.world.reward(self.goal, s.asin, dict(s.options))
         s.page = DONE
         info = {
-            "available_actions": self.available_actions(),
             "reward_info": s.purchase.to_dict(),
             "purchased": {"asin": s.asin, "options": dict(s.options)},
         }

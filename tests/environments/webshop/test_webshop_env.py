@@ -169,6 +169,7 @@ def test_invalid_actions_change_nothing(make_real):
         obs, reward, terminated, truncated, info = env.step(turn)
         assert env.state_key() == key and reward == 0.0 and not terminated
         assert info["step"].admissible is False
+        assert info["available_actions"] == env.available_actions()
         assert obs.startswith("Invalid action") and obs.endswith(page)
 
 

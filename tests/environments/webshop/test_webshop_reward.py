@@ -231,3 +231,22 @@ def test_total_reward_is_scaled_by_r_type_and_perfect_purchase_is_one():
     b = webshop_reward(other, g2, price=10.0, chosen_options={"size": "20 count"})
     assert b.r_type == 0.5  # tea: 1 shared noun of 6
     assert b.reward == pytest.approx(0.5 * (2 + 1 + 1) / 4)
+
+
+def test_spacy_tagger_is_explicit_and_explains_what_is_missing():
+    from agentgym_opsd.core import EnvUnavailable
+    from environments.webshop.reward import noun_tagger
+
+    assert noun_tagger("builtin") is builtin_nouns
+    with pytest.raises(ValueError, match="type_tagger"):
+        noun_tagger("nltk")
+    try:
+        import spacy  # noqa: F401
+
+        spacy.load("en_core_web_sm")
+    except (ImportError, OSError):
+        with pytest.raises(EnvUnavailable, match="en_core_web_sm"):
+            noun_tagger("spacy")
+    else:  # WebShop's own tagger is installed here: it must tag a title's nouns
+        nouns = noun_tagger("spacy")("Organic Green Tea Bags")
+        assert "tea" in nouns and "bags" in nouns
