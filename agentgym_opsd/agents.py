@@ -108,7 +108,7 @@ class ExpertAgent:
 # name prefix -> "module:factory"; factories take (spec after the prefix, seed)
 _AGENT_FACTORIES: dict[str, str] = {
     "hf": "agentgym_opsd.policy_agents:make_hf_agent",
-    "openai": "agentgym_opsd.policy_agents:make_openai_agent",
+    "openai": "agentgym_opsd.openai_agent:make_openai_agent",
 }
 
 

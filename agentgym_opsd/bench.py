@@ -48,8 +48,9 @@ from typing import Any
 
 from agentgym_opsd.episode import Episode, append_episodes, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from agentgym_opsd.registry import entry, make, registered_envs
+from agentgym_opsd.registry import entry, registered_envs
 from agentgym_opsd.summary import summarize
+from agentgym_opsd.workers import EnvFactory
 
 __all__ = ["BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "RESET_SEED_STRIDE"]
 
@@ -243,17 +244,14 @@ def load_config(path: str | Path) -> BenchConfig:
 # Running.
 
 
-def env_factory(spec: EnvSpec) -> Callable[[], Any]:
-    """Builds the env of `spec`. `split=` is passed unless the id has a single split (then it is the
-    env's only data and the class need not take the keyword)."""
+def env_factory(spec: EnvSpec) -> EnvFactory:
+    """Builds the env of `spec` (picklable: workers start from the fork server). `split=` is passed
+    unless the id has a single split (then it is the env's only data and the class need not take
+    the keyword)."""
     kwargs = dict(spec.options)
     if entry(spec.id).splits != (spec.split,):
         kwargs["split"] = spec.split
-
-    def factory() -> Any:
-        return make(spec.id, **kwargs)
-
-    return factory
+    return EnvFactory(spec.id, kwargs)
 
 
 def episode_key(agent: str, env_id: str, split: str, index: int, seed: int) -> str:

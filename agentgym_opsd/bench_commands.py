@@ -108,6 +108,7 @@ def _cmd_serve_policy(args: argparse.Namespace) -> int:
         name=args.name,
         max_new_tokens=args.max_new_tokens,
         threads=args.threads,
+        torch_threads=args.torch_threads,
     )
     return 0
 
@@ -125,6 +126,7 @@ def add_serve_policy(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="the model name clients use (default: the folder name)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="upper bound on max_tokens per request")
     p.add_argument("--threads", type=int, default=4, help="request threads (generation itself runs one at a time)")
+    p.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads (0: torch's default; 1 suits tiny models)")
     p.set_defaults(func=_cmd_serve_policy)
 
 

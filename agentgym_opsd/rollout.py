@@ -56,6 +56,7 @@ def run_episodes(
     on_episode: Callable[[Episode], None] | None = None,
     workers: int = 0,
     step_timeout: float | None = 60.0,
+    start_method: str | None = None,
 ) -> list[Episode]:
     """Play `requests` with `agent` on up to `num_envs` envs at once.
 
@@ -72,6 +73,8 @@ def run_episodes(
             stepped together (it replaces `num_envs`). A worker that crashes, is killed, or runs
             past `step_timeout` costs only its episode (errored, with the reason) and is restarted.
         step_timeout: seconds one reset, step or env call may take in a worker (None: no limit).
+        start_method: how workers start (`agentgym_opsd.workers.default_start_method`: the fork
+            server when `make_env` pickles, e.g. `agentgym_opsd.workers.EnvFactory`, else fork).
 
     Returns:
         The episodes, in the order of `requests`.
@@ -84,7 +87,7 @@ def run_episodes(
     queue.reverse()
     count = max(1, min(workers or num_envs, len(requests)))
     if workers:
-        slots = [_Slot(WorkerEnv(make_env, step_timeout=step_timeout)) for _ in range(count)]
+        slots = [_Slot(WorkerEnv(make_env, step_timeout=step_timeout, start_method=start_method)) for _ in range(count)]
     else:
         slots = [_Slot(LocalEnv(make_env)) for _ in range(count)]
     label = progress if isinstance(progress, str) else getattr(agent, "name", "agent")

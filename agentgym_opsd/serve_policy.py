@@ -15,14 +15,136 @@ keep accepting and answering other routes meanwhile. It binds 127.0.0.1 unless t
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["create_app", "serve", "MAX_BODY_BYTES"]
+from agentgym_opsd.agents import AgentError
+from agentgym_opsd.context import Message
+
+__all__ = ["ChatGenerator", "create_app", "serve", "MAX_BODY_BYTES"]
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class ChatGenerator:
+    """A local causal LM that answers chats: chat template, batched sampling with one seed per row.
+
+    Rows are sampled with their own `torch.Generator`, so a row's text depends on its seed and its
+    prompt, not on the other rows of the batch (up to float rounding of padded batches).
+
+    Args:
+        path: a folder with the model's config, weights and tokenizer (`save_pretrained` output).
+        device: torch device (default cpu).
+        threads: torch CPU threads for this process (0: torch's default).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, device: str = "cpu", threads: int = 0) -> None:
+        path = Path(path)
+        if not (path / "config.json").exists():
+            raise AgentError(f"{path}: not a model folder (no config.json); give the folder save_pretrained wrote")
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
+
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if self.tokenizer.chat_template is None:
+            raise AgentError(f"{path}: the tokenizer has no chat template")
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+        self.device = device
+        self.name = path.name
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config is not None else None
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids or {0})
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
+    def prompt_ids(self, messages: list[Message], **template_kwargs: Any) -> list[int]:
+        """The token ids of a chat with the generation prompt appended."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        seeds: Sequence[int],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+    ) -> list[tuple[str, list[int], str]]:
+        """Sample a completion for each prompt: `(text, token ids, finish reason)` where the reason is
+        `stop` (an end-of-turn token) or `length`."""
+        torch = self.torch
+        longest = max(len(p) for p in prompts)
+        if longest + max_tokens > self.max_positions:
+            raise AgentError(
+                f"a prompt of {longest} tokens plus {max_tokens} new ones exceeds the model's {self.max_positions} "
+                "positions; use a shorter context (context = \"window:K\") or fewer max_tokens"
+            )
+        n = len(prompts)
+        ids = torch.full((n, longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, longest), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding: every row's next token is at the end
+            ids[i, longest - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, longest - len(p) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
+        out_tokens: list[list[int]] = [[] for _ in range(n)]
+        done = [False] * n
+        reasons = ["length"] * n
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+            for _ in range(max_tokens):
+                sampled = self._sample(result.logits[:, -1, :].float().cpu(), generators, temperature, top_p)
+                chosen = []
+                for i, token in enumerate(sampled):
+                    if done[i]:
+                        chosen.append(self.pad_id)
+                        continue
+                    if token in self.eos_ids:
+                        done[i], reasons[i] = True, "stop"
+                    else:
+                        out_tokens[i].append(token)
+                    chosen.append(token)
+                if all(done):
+                    break
+                step = torch.tensor(chosen, dtype=torch.long, device=self.device)[:, None]
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
+                positions = positions[:, -1:] + 1
+                result = self.model(
+                    input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=result.past_key_values, use_cache=True
+                )
+        return [
+            (self.tokenizer.decode(tokens, skip_special_tokens=True), tokens, reason)
+            for tokens, reason in zip(out_tokens, reasons, strict=True)
+        ]
+
+    def _sample(self, logits: Any, generators: list[Any], temperature: float, top_p: float) -> list[int]:
+        """One token per row: inverse-CDF sampling with one uniform draw from each row's generator
+        (row i's token depends only on its logits and its generator)."""
+        torch = self.torch
+        draws = torch.cat([torch.rand(1, generator=g) for g in generators])
+        if temperature == 0:
+            return [int(t) for t in logits.argmax(-1)]
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:
+            # Keep the smallest set of most likely tokens whose mass reaches top_p.
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+            probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        cdf = probs.cumsum(-1)
+        picks = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None]).clamp(max=probs.shape[-1] - 1)
+        return [int(t) for t in picks[:, 0]]
 
 
 class _BadRequest(Exception):
@@ -43,7 +165,7 @@ def _check_number(body: dict[str, Any], key: str, kind: type, low: float, high: 
 
 
 def create_app(generator: Any, *, name: str, max_new_tokens: int = 512) -> Any:
-    """The Flask app around a `agentgym_opsd.policy_agents.ChatGenerator`."""
+    """The Flask app around a `ChatGenerator`."""
     from flask import Flask, jsonify, request
     from werkzeug.exceptions import HTTPException
 
@@ -126,15 +248,20 @@ def create_app(generator: Any, *, name: str, max_new_tokens: int = 512) -> Any:
     return app
 
 
-def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, max_new_tokens: int = 512, threads: int = 4) -> None:
+def serve(
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    name: str | None = None,
+    max_new_tokens: int = 512,
+    threads: int = 4,
+    torch_threads: int = 0,
+) -> None:
     """Load the model and serve it until interrupted; prints the address (port 0 picks a free one)."""
-    from pathlib import Path
-
     from waitress import create_server
 
-    from agentgym_opsd.policy_agents import ChatGenerator
-
-    generator = ChatGenerator(model)
+    generator = ChatGenerator(model, threads=torch_threads)
     served = name or Path(model).resolve().name
     app = create_app(generator, name=served, max_new_tokens=max_new_tokens)
     server = create_server(app, host=host, port=port, threads=threads)

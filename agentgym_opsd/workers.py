@@ -21,9 +21,12 @@ Scripted agents read the env (`env.expert_action()`, `env.format_action(...)`): 
 `numpy.random.Generator` passed to a remote method is advanced exactly as a local call would
 advance it (its state is sent back), so results do not depend on where the env runs.
 
-Workers start with the `fork` method by default (the child inherits the env factory, closures and
-registrations included, and starts in milliseconds). With `spawn` or `forkserver` the factory must be
-picklable. A worker exits by itself when its parent process goes away.
+Workers start from the `forkserver` (a clean process that imports `agentgym_opsd` once and forks a
+worker per env) when the env factory can be pickled: `EnvFactory(env_id, kwargs)` is the one to use.
+A closure or lambda factory falls back to `fork`, which is fast and carries closures, but is unsafe
+when this process runs a JVM (pyjnius, for the Lucene-backed envs) or other threads: a forked worker
+can hang on a lock a vanished thread held (a warning says so). A worker exits by itself when the
+process that started it goes away.
 """
 
 from __future__ import annotations
@@ -32,14 +35,17 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["EnvFailure", "EnvHandle", "LocalEnv", "WorkerEnv", "RemoteEnvProxy", "describe_exit"]
+__all__ = ["EnvFactory", "EnvFailure", "EnvHandle", "LocalEnv", "WorkerEnv", "RemoteEnvProxy", "default_start_method", "describe_exit"]
 
 
 class EnvFailure(RuntimeError):
@@ -179,8 +185,11 @@ _PARENT_ENDS: weakref.WeakSet = weakref.WeakSet()
 _POLL_SECONDS = 1.0
 
 
-def _worker_main(conn: Any, make_env: Callable[[], Any], parent_pid: int) -> None:
+def _worker_main(conn: Any, make_env: Callable[[], Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # The process that started this one: the rollout (fork) or the fork server, which exits with
+    # the rollout. When it goes, this worker is re-parented and ends.
+    parent_pid = os.getppid()
     for other in list(_PARENT_ENDS):
         try:
             other.close()
@@ -189,7 +198,7 @@ def _worker_main(conn: Any, make_env: Callable[[], Any], parent_pid: int) -> Non
     try:
         env = make_env()
     except Exception as e:
-        conn.send(("error", f"env construction failed: {_error_text(e)}", None))
+        conn.send(("error", f"env construction failed: {_error_text(e)}", _portable(e)))
         return
     raw = env.unwrapped
     conn.send(("ok", {"env_id": _env_name(env), "instructions": getattr(raw, "instructions", "")}, None))
@@ -242,15 +251,63 @@ def _portable(e: BaseException) -> BaseException | None:
     return e
 
 
+@dataclass(frozen=True)
+class EnvFactory:
+    """A picklable `make_env` for a registered id: `EnvFactory("agentgym/WebShop-v0", {"split": "test"})`.
+
+    It carries the parent's `sys.path`, so a worker started from the fork server or by spawn finds
+    plug-ins the parent put on its path, and registers them again if the id is not known there.
+    """
+
+    env_id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    paths: tuple[str, ...] = field(default_factory=lambda: tuple(sys.path))
+
+    def __call__(self) -> Any:
+        from agentgym_opsd.registry import UnknownEnvError, entry, load_plugins, make
+
+        missing = [p for p in self.paths if p not in sys.path]
+        if missing:
+            sys.path.extend(missing)
+        try:
+            entry(self.env_id)
+        except UnknownEnvError:
+            load_plugins(reload=True)
+        return make(self.env_id, **self.kwargs)
+
+
+def default_start_method(make_env: Callable[[], Any]) -> str:
+    """`forkserver` when `make_env` can be pickled (workers then start from a clean process that
+    never ran a JVM, a CUDA context or threads), else `fork` (closures and lambdas)."""
+    try:
+        pickle.dumps(make_env)
+    except Exception:
+        return "fork"
+    return "forkserver"
+
+
+def _warn_if_fork_is_unsafe() -> None:
+    if "jnius" in sys.modules:  # pyjnius starts the JVM on import; its threads do not survive fork
+        warnings.warn(
+            "forking env workers from a process that runs a JVM (pyjnius) can hang them; pass a picklable "
+            "make_env (agentgym_opsd.workers.EnvFactory) so that workers start from the fork server",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
 class WorkerEnv(EnvHandle):
     """An env played in its own process.
+
+    The process starts at once; the first request waits for its env to be built, so several
+    workers build their envs in parallel.
 
     Args:
         make_env: builds the env; called in the child.
         step_timeout: seconds a reset, step or method call may take before the worker is killed
             (None: no limit).
         start_timeout: seconds the child may take to build its env.
-        context: the multiprocessing start method (`fork` by default).
+        start_method: `fork`, `forkserver` or `spawn`; by default `default_start_method(make_env)`.
     """
 
     def __init__(
@@ -259,12 +316,17 @@ class WorkerEnv(EnvHandle):
         *,
         step_timeout: float | None = 60.0,
         start_timeout: float = 300.0,
-        context: str = "fork",
+        start_method: str | None = None,
     ) -> None:
         self._make_env = make_env
         self.step_timeout = step_timeout
         self.start_timeout = start_timeout
-        self._ctx = mp.get_context(context)
+        self.start_method = start_method or default_start_method(make_env)
+        self._ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            self._ctx.set_forkserver_preload(["agentgym_opsd"])
+        elif self.start_method == "fork":
+            _warn_if_fork_is_unsafe()
         self._process: Any = None
         self._conn: Any = None
         self._pending: str | None = None  # the command awaiting its answer
@@ -272,7 +334,7 @@ class WorkerEnv(EnvHandle):
         self._broken: str | None = None  # why the worker is unusable until restarted
         self.restarts = 0
         self._proxy = RemoteEnvProxy(self)
-        self._start()
+        self._spawn()
 
     # -- process life ---------------------------------------------------------------------------
 
@@ -281,17 +343,20 @@ class WorkerEnv(EnvHandle):
         """The worker process's id."""
         return None if self._process is None else self._process.pid
 
-    def _start(self) -> None:
+    def _spawn(self) -> None:
         parent_end, child_end = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(
-            target=_worker_main, args=(child_end, self._make_env, os.getpid()), daemon=True, name="agentgym-env-worker"
-        )
+        process = self._ctx.Process(target=_worker_main, args=(child_end, self._make_env), daemon=True, name="agentgym-env-worker")
         _PARENT_ENDS.add(parent_end)
         process.start()
         child_end.close()
         self._process, self._conn = process, parent_end
         self._pending, self._broken = "start", None
         self._sent_at = time.monotonic()
+
+    def wait_started(self) -> None:
+        """Wait until the worker has built its env (raises what building it raised)."""
+        if self._pending != "start":
+            return
         try:
             info = self._wait(self.start_timeout)
         except EnvFailure as e:
@@ -318,7 +383,8 @@ class WorkerEnv(EnvHandle):
     def restart(self) -> None:
         self._kill()
         self.restarts += 1
-        self._start()
+        self._spawn()
+        self.wait_started()
 
     def close(self) -> None:
         if self._process is None:
@@ -342,6 +408,7 @@ class WorkerEnv(EnvHandle):
     # -- requests -------------------------------------------------------------------------------
 
     def _send(self, *message: Any) -> None:
+        self.wait_started()
         if self._broken is not None:
             raise EnvFailure(self._broken)
         assert self._pending is None, f"worker busy with {self._pending}"
@@ -382,6 +449,10 @@ class WorkerEnv(EnvHandle):
         self._pending = None
         if status == "ok":
             return value
+        if command == "start" and exc is not None:
+            self._kill()
+            self._broken = value
+            raise exc  # what building the env raised (EnvUnavailable says how to fix it)
         if command in ("call", "attr"):
             # A method's own exception (or a missing attribute), raised as a local call would raise
             # it; the env is still usable.

@@ -1,4 +1,4 @@
-"""`serve-policy` on loopback and the `openai:` and `hf:` agents, with a seeded random tiny Qwen3
+"""`serve-policy` on loopback and the `openai:` agent, with a seeded random tiny Qwen3
 built from the real Qwen3 tokenizer (../shared/data/tokenizers/qwen3)."""
 
 from __future__ import annotations
@@ -74,11 +74,10 @@ def one_torch_thread():
 def server(tiny_qwen3):
     """`agentgym-opsd serve-policy` in its own process on a free loopback port."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.cli", "serve-policy", "--model", str(tiny_qwen3), "--port", "0", "--name", "tiny"],
+        [sys.executable, "-m", "agentgym_opsd.cli", "serve-policy", "--model", str(tiny_qwen3), "--port", "0", "--name", "tiny", "--torch-threads", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     try:
         line = proc.stdout.readline()
@@ -101,7 +100,8 @@ _GENERATORS: dict[Path, object] = {}
 
 def _local_turns(model_path: Path, episode, seed: int):
     """What the model generates in this process for each turn's prompt and seed."""
-    from agentgym_opsd.policy_agents import ChatGenerator, turn_seed
+    from agentgym_opsd.openai_agent import turn_seed
+    from agentgym_opsd.serve_policy import ChatGenerator
 
     if model_path not in _GENERATORS:
         _GENERATORS[model_path] = ChatGenerator(model_path)
@@ -188,15 +188,6 @@ def test_openai_agent_errors_say_what_to_do(server):
     ]:
         with pytest.raises(AgentError, match=words):
             make_agent(spec)
-
-
-def test_hf_agent_plays_batched_and_matches_single_generation(tiny_qwen3, guess_env):
-    agent = make_agent(f"hf:{tiny_qwen3}?max_tokens={MAX_TOKENS}", seed=3)
-    batched = run_episodes(guess_env, agent, [EpisodeRequest(seed=s) for s in range(3)], num_envs=3, progress=False)
-    for episode in batched:
-        assert [t.response for t in episode.turns] == _local_turns(tiny_qwen3, episode, seed=3)
-    with pytest.raises(AgentError, match="not a model folder"):
-        make_agent(f"hf:{tiny_qwen3.parent / 'missing'}")
 
 
 def test_serve_policy_refuses_a_missing_model(tmp_path):

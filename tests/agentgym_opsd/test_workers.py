@@ -16,7 +16,8 @@ import pytest
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, Hindsight, TextEnv, Transition, hash_state, run_episodes
 from agentgym_opsd.agents import AgentError, ExpertAgent, RandomAgent
-from agentgym_opsd.workers import WorkerEnv
+from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.workers import EnvFactory, EnvFailure, WorkerEnv, default_start_method
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "tests" / "data" / "example_plugin"
@@ -82,11 +83,15 @@ def _records(episodes):
 
 def test_workers_play_the_same_episodes_as_in_process(guess_env):
     requests = [EpisodeRequest(seed=s) for s in range(12)]
+    picklable = EnvFactory("example/GuessNumber-v0")
+    assert default_start_method(guess_env) == "fork" and default_start_method(picklable) == "forkserver"
     for agent in (RandomAgent(seed=3), ExpertAgent()):
         local = run_episodes(guess_env, agent, requests, num_envs=3, progress=False)
-        remote = run_episodes(guess_env, agent, requests, workers=2, progress=False)
-        assert _records(remote) == _records(local)
-        assert all(e.error is None and e.finished for e in remote)
+        forked = run_episodes(guess_env, agent, requests, workers=2, progress=False)
+        served = run_episodes(picklable, agent, requests, workers=2, progress=False)
+        assert _records(forked) == _records(local)
+        assert _records(served) == _records(local)
+        assert all(e.error is None and e.finished for e in served)
     # The random agent really played (it is not the expert): some episode took another path.
     random_turns = [e.num_turns for e in run_episodes(guess_env, RandomAgent(seed=3), requests, workers=2, progress=False)]
     expert_turns = [e.num_turns for e in local]
@@ -103,7 +108,7 @@ def test_a_random_agent_episode_does_not_depend_on_batching_or_order(guess_env):
 def test_crashing_exiting_and_hanging_envs_cost_one_episode_each():
     requests = [EpisodeRequest(seed=s) for s in range(8)]
     started = time.monotonic()
-    episodes = run_episodes(CountdownEnv, ExpertAgent(), requests, workers=3, step_timeout=2.0, progress=False)
+    episodes = run_episodes(CountdownEnv, ExpertAgent(), requests, workers=3, step_timeout=2.0, progress=False, start_method="fork")
     elapsed = time.monotonic() - started
     by_task = {e.task_id: e for e in episodes}
     assert len(episodes) == 8
@@ -138,7 +143,7 @@ class KillerAgent(ExpertAgent):
 def test_killing_a_worker_mid_episode_errors_that_episode_and_restarts_the_worker():
     make = lambda: CountdownEnv(faulty=False)  # noqa: E731
     agent = KillerAgent(victim="countdown-2@2")
-    episodes = run_episodes(make, agent, [EpisodeRequest(seed=s) for s in range(8)], workers=2, progress=False)
+    episodes = run_episodes(make, agent, [EpisodeRequest(seed=s) for s in range(8)], workers=2, progress=False)  # fork
     assert len(agent.killed) == 1
     by_id = {e.episode_id: e for e in episodes}
     victim = by_id["countdown-2@2"]
@@ -182,17 +187,18 @@ class NoExpertEnv(CountdownEnv):
 
 def test_an_env_method_exception_reaches_the_agent_as_it_would_locally():
     with pytest.raises(AgentError, match="has no expert agent"):
-        run_episodes(NoExpertEnv, ExpertAgent(), [EpisodeRequest(seed=0)], workers=1, progress=False)
+        run_episodes(NoExpertEnv, ExpertAgent(), [EpisodeRequest(seed=0)], workers=1, progress=False, start_method="fork")
 
 
-def test_workers_exit_when_the_rollout_process_is_killed(tmp_path):
-    """A SIGKILLed rollout leaves no env process behind."""
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_workers_exit_when_the_rollout_process_is_killed(start_method):
+    """A SIGKILLed rollout leaves no env process behind (forked workers, and workers of the fork server)."""
     script = textwrap.dedent(
         f"""
         import sys, time
-        sys.path.insert(0, {str(REPO)!r})
         from agentgym_opsd import EpisodeRequest, run_episodes
         from agentgym_opsd.agents import ExpertAgent
+        from agentgym_opsd.workers import EnvFactory
 
         class Agent(ExpertAgent):
             def act_batch(self, messages, infos, envs):
@@ -200,22 +206,14 @@ def test_workers_exit_when_the_rollout_process_is_killed(tmp_path):
                     print("PID", env.worker_pid, flush=True)
                 time.sleep(600)
 
-        from agentgym_opsd import TextEnv, Transition, Hindsight
-        class Tiny(TextEnv):
-            num_tasks = 1
-            def _load_task(self, index, options):
-                self.task_id, self.task_type = "t", "t"
-                return "hi"
-            def _apply(self, a):
-                return Transition("ok")
-            def state_key(self):
-                return "s"
-            def hindsight(self):
-                return Hindsight(False, 0.0, "")
-        run_episodes(Tiny, Agent(), [EpisodeRequest(seed=s) for s in range(2)], workers=2, progress=False)
+        make = EnvFactory("example/GuessNumber-v0")
+        if {start_method!r} == "fork":
+            make = lambda: EnvFactory("example/GuessNumber-v0")()
+        run_episodes(make, Agent(), [EpisodeRequest(seed=s) for s in range(2)], workers=2, progress=False)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGIN), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     pids = []
     try:
         while len(pids) < 2:
@@ -240,3 +238,23 @@ def test_workers_exit_when_the_rollout_process_is_killed(tmp_path):
                 alive.discard(pid)
         time.sleep(0.2)
     assert not alive, f"env workers {sorted(alive)} outlived their parent"
+
+
+def test_an_env_that_cannot_be_built_raises_as_it_would_in_process(guess_env):
+    handle = WorkerEnv(EnvFactory("example/GuessNumber-v0", {"high": "many"}))
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        handle.reset_async(0, {})
+    assert handle.pid is None  # nothing left running
+    with pytest.raises(EnvFailure, match="env construction failed: ValueError"):
+        handle.reset_async(0, {})
+
+
+class UnavailableEnv(CountdownEnv):
+    def __init__(self, **kwargs):
+        raise EnvUnavailable("no data here: run `agentgym-opsd fetch` first")
+
+
+def test_env_unavailable_in_a_worker_is_raised_as_such():
+    handle = WorkerEnv(UnavailableEnv, start_method="fork")
+    with pytest.raises(EnvUnavailable, match="run `agentgym-opsd fetch` first"):
+        handle.reset_async(0, {})
