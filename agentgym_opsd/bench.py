@@ -475,13 +475,16 @@ def plot_results(results: dict[str, Any], out_dir: Path) -> list[Path]:
             groups[(r["family"], name)].append({"agent": r["agent"], "split": r["split"], **s})
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    all_agents = list(dict.fromkeys(r["agent"] for r in results["results"]))
+    palette = plt.get_cmap("tab10").colors
+    hatches = ["", "//", "..", "xx", "\\\\"]
     for (family, subset), rows in groups.items():
         agents = list(dict.fromkeys(r["agent"] for r in rows))
         splits = list(dict.fromkeys(r["split"] for r in rows))
         fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(agents) * len(splits), 3.2), dpi=100)
         width = 0.8 / len(splits)
         for j, split in enumerate(splits):
-            xs, heights, lows, highs = [], [], [], []
+            xs, heights, lows, highs, colours = [], [], [], [], []
             for i, agent in enumerate(agents):
                 match = [r for r in rows if r["agent"] == agent and r["split"] == split]
                 if not match:
@@ -492,7 +495,11 @@ def plot_results(results: dict[str, Any], out_dir: Path) -> list[Path]:
                 # (the interval's float ends may sit a rounding error inside the rate at 0 and 1)
                 lows.append(max(0.0, 100 * (r["success_rate"] - r["success_ci95"][0])))
                 highs.append(max(0.0, 100 * (r["success_ci95"][1] - r["success_rate"])))
-            bars = ax.bar(xs, heights, width=width * 0.9, yerr=[lows, highs], capsize=3, label=split)
+                colours.append(palette[all_agents.index(agent) % len(palette)])
+            bars = ax.bar(
+                xs, heights, width=width * 0.9, yerr=[lows, highs], capsize=3, color=colours,
+                hatch=hatches[j % len(hatches)], edgecolor="white", label=split,
+            )
             ax.bar_label(bars, labels=[f"{h:.0f}" for h in heights], padding=2, fontsize=8)
         ax.set_xticks(range(len(agents)), [a if len(a) <= 18 else a[:8] + "…" + a[-8:] for a in agents], fontsize=8)
         ax.set_ylim(0, 110)
