@@ -39,14 +39,12 @@ PLANNED = 2 * 2 * (8 + 8 + 5)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def plugins():
-    """The example plug-in and the bench test envs (Tally), registered through their entry points."""
-    for path in PLUGINS:
-        sys.path.insert(0, str(path))
+def bench_envs():
+    """The Tally test envs, registered through their entry point (tests/conftest.py registers the
+    example plug-in the same way)."""
+    if str(PLUGINS[1]) not in sys.path:
+        sys.path.insert(0, str(PLUGINS[1]))
     agentgym_opsd.load_plugins(reload=True)
-    yield
-    for path in PLUGINS:
-        sys.path.remove(str(path))
 
 
 def _env() -> dict[str, str]:

@@ -35,13 +35,11 @@ EVIL = "</script><script>document.title='pwned'</script><!-- & <b>bold</b>"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def plugins():
-    for path in PLUGINS:
-        sys.path.insert(0, str(path))
+def bench_envs():
+    """The Tally test envs, registered through their entry point."""
+    if str(PLUGINS[1]) not in sys.path:
+        sys.path.insert(0, str(PLUGINS[1]))
     agentgym_opsd.load_plugins(reload=True)
-    yield
-    for path in PLUGINS:
-        sys.path.remove(str(path))
 
 
 def _tokens(text: str) -> list[str]:
@@ -176,8 +174,11 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     assert len(heat) == expected_tokens
     colours = {(int(r), int(g), int(b)) for r, g, b, _, _ in heat}
     assert colours == {(31, 138, 76), (194, 65, 45)}  # weights both above and below 1
-    for r, g, b, alpha, weight in heat:  # green above 1, red below, stronger further from 1
+    for r, g, b, _, weight in heat:  # green above 1, red below
         assert (float(weight) >= 1) == ((int(r), int(g), int(b)) == (31, 138, 76)) or abs(float(weight) - 1) < 1e-3
+    by_distance = sorted((abs(float(w) - 1), float(a)) for *_, a, w in heat)
+    assert all(a1 <= a2 + 1e-3 for (_, a1), (_, a2) in zip(by_distance, by_distance[1:]))  # stronger further from 1
+    assert by_distance[0][1] < 0.2 and by_distance[-1][1] == pytest.approx(0.85)
     assert "<h3>Tally</h3>" in html and 'class="results"' in html and "credit-chart" in html
     assert "pwned" not in html.split("<main>")[0]  # the title was not rewritten by env text
     shot = tmp_path / "report.png"

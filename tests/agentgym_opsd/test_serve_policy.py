@@ -23,10 +23,8 @@ MAX_TOKENS = 10
 
 @pytest.fixture(scope="module")
 def guess_env():
-    sys.path.insert(0, str(PLUGIN))
-    agentgym_opsd.load_plugins(reload=True)
-    yield lambda: agentgym_opsd.make("example/GuessNumber-v0", max_turns=3)
-    sys.path.remove(str(PLUGIN))
+    """The example plug-in env (registered by tests/conftest.py through its entry point)."""
+    return lambda: agentgym_opsd.make("example/GuessNumber-v0", max_turns=3)
 
 
 @pytest.fixture(scope="module")

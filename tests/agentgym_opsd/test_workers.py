@@ -25,11 +25,8 @@ PLUGIN = REPO / "tests" / "data" / "example_plugin"
 
 @pytest.fixture(scope="module")
 def guess_env():
-    """The example plug-in env (GuessNumber), registered through its entry point."""
-    sys.path.insert(0, str(PLUGIN))
-    agentgym_opsd.load_plugins(reload=True)
-    yield lambda: agentgym_opsd.make("example/GuessNumber-v0")
-    sys.path.remove(str(PLUGIN))
+    """The example plug-in env (registered by tests/conftest.py through its entry point)."""
+    return lambda: agentgym_opsd.make("example/GuessNumber-v0")
 
 
 class CountdownEnv(TextEnv):
