@@ -17,7 +17,8 @@ The config is TOML (`.toml`) or YAML (`.yaml`/`.yml`):
     episodes = 10                      # overrides the top-level count
     options = { max_turns = 30 }       # keywords for gymnasium.make
 
-`envs` may also be a list of ids.
+`envs` may also be a list of ids. `family` stands for the family's per-subset ids (an id whose subset
+is `all` is used only when the family has no other).
 
 Episode i of run seed s, on an env with n tasks, plays task i mod n with reset seed i + 1_000_000 s,
 by an agent built with seed s; its key is (agent, env id, split, i, s). Every finished episode is
@@ -52,7 +53,7 @@ from agentgym_opsd.registry import entry, registered_envs
 from agentgym_opsd.summary import summarize
 from agentgym_opsd.workers import EnvFactory
 
-__all__ = ["BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "RESET_SEED_STRIDE"]
+__all__ = ["BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "subset_rows", "RESET_SEED_STRIDE"]
 
 RESET_SEED_STRIDE = 1_000_000
 
@@ -186,7 +187,10 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> BenchConfig
             ids = [str(item["id"])]
             entry(ids[0])  # UnknownEnvError names the closest ids
         else:
-            ids = [e.id for e in registered_envs() if e.family == item["family"]]
+            members = [e for e in registered_envs() if e.family == item["family"]]
+            # A family's subset ids; an id that plays all subsets at once is left out when the
+            # family has per-subset ids (it would play the same tasks again).
+            ids = [e.id for e in members if e.subset != "all"] or [e.id for e in members]
             if not ids:
                 families = sorted({e.family for e in registered_envs()})
                 raise ConfigError(f"{here}: no env of family {item['family']!r}; registered families: {families}")
@@ -396,7 +400,7 @@ def _family(env_id: str) -> tuple[str, str]:
 
 
 def _row(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("episodes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate")
+    keys = ("episodes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate", "errors")
     return {k: summary[k] for k in keys if k in summary}
 
 
@@ -430,6 +434,16 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
+def subset_rows(r: dict[str, Any]) -> list[tuple[str, dict[str, Any], Any]]:
+    """The table rows of one result: (subset label, stats, errored). An id of one subset is one row
+    named after it; an id that plays several (subset `all`) gets a row per task type and an `all` row."""
+    if r["subset"] != "all":
+        return [(r["subset"], _row(r), r.get("errors", 0))]
+    rows: list[tuple[str, dict[str, Any], Any]] = [(t, s, "") for t, s in (r.get("subsets") or {}).items()]
+    rows.append(("all", _row(r), r.get("errors", 0)))
+    return rows
+
+
 def markdown_tables(results: dict[str, Any]) -> dict[str, str]:
     """A Markdown table per env family: one row per subset, split and agent."""
     by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -441,16 +455,12 @@ def markdown_tables(results: dict[str, Any]) -> dict[str, str]:
     for family, rows in by_family.items():
         lines = [f"### {family}", "", header, rule]
         for r in sorted(rows, key=lambda r: (r["subset"], r["split"])):  # stable: agents keep config order
-            subsets = r["subsets"] or {r["subset"]: _row(r)}
-            items = list(subsets.items())
-            if len(items) > 1:
-                items.append((f"{r['subset']} (all)", _row(r)))
-            for name, s in items:
+            for name, s, errors in subset_rows(r):
                 low, high = s["success_ci95"]
                 lines.append(
                     f"| {name} | {r['split']} | {r['agent']} | {s['episodes']} | {_pct(s['success_rate'])} | "
                     f"[{_pct(low)}, {_pct(high)}] | {s['mean_score']:.3f} | {s['mean_turns']:.1f} | "
-                    f"{_pct(s['invalid_rate'])} | {r['errors'] if len(items) == 1 or name.endswith('(all)') else ''} |"
+                    f"{_pct(s['invalid_rate'])} | {errors} |"
                 )
         out[family] = "\n".join(lines) + "\n"
     return out
@@ -470,8 +480,7 @@ def plot_results(results: dict[str, Any], out_dir: Path) -> list[Path]:
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in results["results"]:
-        subsets = r["subsets"] or {r["subset"]: _row(r)}
-        for name, s in subsets.items():
+        for name, s, _ in subset_rows(r):
             groups[(r["family"], name)].append({"agent": r["agent"], "split": r["split"], **s})
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

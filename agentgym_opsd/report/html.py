@@ -15,6 +15,7 @@ from typing import Any
 
 from agentgym_opsd.episode import Episode, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_text, read_jsonl_numbered
+from agentgym_opsd.bench import subset_rows
 from agentgym_opsd.report.credit import episode_credit, merge_credit_file
 
 __all__ = ["RunData", "load_run", "render_report", "write_report"]
@@ -143,11 +144,7 @@ def _results_html(results: dict[str, Any]) -> str:
     for family, rows in by_family.items():
         body = []
         for r in sorted(rows, key=lambda r: (r["subset"], r["split"])):
-            subsets = r.get("subsets") or {}
-            items = list(subsets.items()) or [(r["subset"], r)]
-            if len(items) > 1:
-                items.append((f"{r['subset']} (all)", r))
-            for name, s in items:
+            for name, s, errors in subset_rows(r):
                 low, high = s["success_ci95"]
                 rate = s["success_rate"]
                 bar = (
@@ -161,8 +158,7 @@ def _results_html(results: dict[str, Any]) -> str:
                     f"<td class=num><b>{_pct(rate)}</b></td>"
                     f"<td class=num>[{_pct(low)}, {_pct(high)}]</td><td class=bar><div class=track>{bar}</div></td>"
                     f"<td class=num>{s['mean_score']:.3f}</td><td class=num>{s['mean_turns']:.1f}</td>"
-                    f"<td class=num>{_pct(s['invalid_rate'])}</td>"
-                    f"<td class=num>{r.get('errors', 0) if s is r or len(items) == 1 else ''}</td>"
+                    f"<td class=num>{_pct(s['invalid_rate'])}</td><td class=num>{errors}</td>"
                     "</tr>"
                 )
         parts.append(
