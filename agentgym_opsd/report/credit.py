@@ -32,11 +32,13 @@ shows what is there. When `span` and `tokens` are both given, the token texts jo
 response's `span` slice, and the report draws the heat map in place inside the response.
 
 A trainer that writes credit apart from its episodes appends the same record, one per episode and
-method, to `credit.jsonl` in the run folder:
+method, to `credit.jsonl` (in the run folder, or in `training/<method>/` beside the trainer's
+`episodes/update_NNNNN.jsonl` files):
 
     {"episode_id": "...", "method": "stepopsd", "advantage": 0.87, "update": 3, "turns": [...]}
 
-`merge_credit_file` attaches those records to the episodes with the same `episode_id`.
+`merge_credit_file` attaches those records to the episodes with the same `episode_id` (and, when the
+record names its `update`, the episode of that update: `meta["update"]`).
 `credit_record` builds one record from plain lists (what the trainer has after a credit pass) and
 checks it, so producers need not write the dictionary by hand.
 """
@@ -172,14 +174,21 @@ def merge_credit_file(path: str | Path, episodes: Iterable[Episode]) -> int:
     """Attach the records of a credit.jsonl to the episodes with their `episode_id`; returns how
     many records found their episode. A bad record raises `DataFileError`/`ValueError` naming the
     file and line."""
+    episodes = list(episodes)
     by_id = {e.episode_id: e for e in episodes}
+    by_update = {(e.episode_id, e.meta.get("update")): e for e in episodes if e.meta.get("update") is not None}
     attached = 0
     for number, record in read_jsonl_numbered(path):
         where = f"{path}:{number}"
         episode_id, method = record.get("episode_id"), record.get("method")
         if not isinstance(episode_id, str) or not isinstance(method, str):
             raise ValueError(f"{where}: a credit line needs episode_id and method")
-        episode = by_id.get(episode_id)
+        # A record with "update" belongs to the episode of that id played at that update (a trainer
+        # may play the same episode id at every update).
+        update = record.get("update")
+        episode = by_update.get((episode_id, update)) if update is not None else None
+        if episode is None:
+            episode = by_id.get(episode_id)
         if episode is None:
             continue
         body = {k: v for k, v in record.items() if k not in ("episode_id", "method")}

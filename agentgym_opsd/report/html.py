@@ -21,7 +21,12 @@ from agentgym_opsd.report.credit import episode_credit, merge_credit_file
 __all__ = ["RunData", "load_run", "render_report", "write_report"]
 
 # Metrics drawn first when a training run logs them (then any other shared numeric key).
-_PREFERRED_METRICS = ("success_rate", "mean_score", "mean_reward", "loss", "invalid_rate", "mean_turns")
+_PREFERRED_METRICS = (
+    "eval/success", "train/success", "success_rate", "train/reward", "mean_reward", "mean_score", "loss",
+    "credit/adv_std_ratio", "train/invalid_rate", "invalid_rate",
+)
+# Bookkeeping keys of a metrics row, never drawn.
+_NOT_METRICS = {"update", "step", "time", "kind"}
 
 
 @dataclass
@@ -80,6 +85,20 @@ def _latest_by_key(episodes: list[Episode]) -> list[Episode]:
     return loose + list(by_key.values())
 
 
+def _training_episodes(method_dir: Path) -> list[Episode]:
+    """A training run's episodes: `episodes.jsonl`, else the trainer's `episodes/update_*.jsonl`
+    (each episode's `meta["update"]` says which update played it)."""
+    if (method_dir / "episodes.jsonl").exists():
+        return load_episodes(method_dir / "episodes.jsonl", skip_torn_lines=True)
+    out: list[Episode] = []
+    for path in sorted((method_dir / "episodes").glob("update_*.jsonl")) if (method_dir / "episodes").is_dir() else []:
+        update = int(path.stem.split("_")[1])
+        for e in load_episodes(path, skip_torn_lines=True):
+            e.meta.setdefault("update", update)
+            out.append(e)
+    return out
+
+
 def load_run(run_dir: str | Path, *, per_group: int = 4, per_method: int = 24) -> RunData:
     """Read a run folder for the report.
 
@@ -110,15 +129,14 @@ def load_run(run_dir: str | Path, *, per_group: int = 4, per_method: int = 24) -
             method = method_dir.name
             metrics_path = method_dir / "metrics.jsonl"
             if metrics_path.exists():
-                data.training[method] = [row for _, row in read_jsonl_numbered(metrics_path, skip_torn_lines=True)]
-            train_path = method_dir / "episodes.jsonl"
-            if train_path.exists():
-                episodes = load_episodes(train_path, skip_torn_lines=True)
-                for credit_path in (method_dir / "credit.jsonl", run_dir / "credit.jsonl"):
-                    if credit_path.exists():
-                        merge_credit_file(credit_path, episodes)
-                with_credit = [e for e in episodes if e.meta.get("credit")]
-                data.viewer += [(f"train:{method}", e) for e in (with_credit or episodes)[-per_method:]]
+                rows = [row for _, row in read_jsonl_numbered(metrics_path, skip_torn_lines=True)]
+                data.training[method] = [r for r in rows if r.get("kind") != "sft"]  # warm-start epochs
+            episodes = _training_episodes(method_dir)
+            for credit_path in (method_dir / "credit.jsonl", run_dir / "credit.jsonl"):
+                if credit_path.exists():
+                    merge_credit_file(credit_path, episodes)
+            with_credit = [e for e in episodes if e.meta.get("credit")]
+            data.viewer += [(f"train:{method}", e) for e in (with_credit or episodes)[-per_method:]]
     return data
 
 
@@ -185,7 +203,7 @@ def _training_metric_names(training: dict[str, list[dict[str, Any]]]) -> list[st
     shared: set[str] | None = None
     for rows in training.values():
         names = {k for row in rows for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        names.discard("update")
+        names -= _NOT_METRICS
         shared = names if shared is None else shared & names
     shared = shared or set()
     ordered = [m for m in _PREFERRED_METRICS if m in shared] + sorted(shared - set(_PREFERRED_METRICS))
@@ -201,12 +219,13 @@ def training_plot(training: dict[str, list[dict[str, Any]]]) -> bytes | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 2.8), dpi=100, squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
         for method, rows in training.items():
             points = [
-                (row.get("update", i), row[name])
+                (row.get("update", row.get("step", i)), row[name])
                 for i, row in enumerate(rows)
                 if isinstance(row.get(name), (int, float)) and math.isfinite(row[name])
             ]
@@ -215,6 +234,7 @@ def training_plot(training: dict[str, list[dict[str, Any]]]) -> bytes | None:
                 ax.plot(xs, ys, marker="o", markersize=3, label=method)
         ax.set_title(name.replace("_", " "), fontsize=10)
         ax.set_xlabel("update")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.spines[["top", "right"]].set_visible(False)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
@@ -231,12 +251,13 @@ def _training_html(training: dict[str, list[dict[str, Any]]]) -> str:
     png = training_plot(training)
     rows = []
     for method, metrics in training.items():
-        last = metrics[-1] if metrics else {}
-        first = metrics[0] if metrics else {}
-        cells = "".join(
-            f"<td class=num>{_fmt(first.get(n))} &rarr; <b>{_fmt(last.get(n))}</b></td>" for n in names
-        )
-        rows.append(f"<tr><td class=agent>{html.escape(method)}</td><td class=num>{len(metrics)}</td>{cells}</tr>")
+        cells = ""
+        for n in names:
+            values = [row[n] for row in metrics if isinstance(row.get(n), (int, float))]
+            first, last = (values[0], values[-1]) if values else (None, None)
+            cells += f"<td class=num>{_fmt(first)} &rarr; <b>{_fmt(last)}</b></td>"
+        updates = max((int(row.get("update", row.get("step", 0))) for row in metrics), default=0)
+        rows.append(f"<tr><td class=agent>{html.escape(method)}</td><td class=num>{updates}</td>{cells}</tr>")
     head = "".join(f"<th>{html.escape(n.replace('_', ' '))} (first &rarr; last)</th>" for n in names)
     table = f'<table class="results"><thead><tr><th>method</th><th>updates</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
     image = f'<div class="plots"><figure><img alt="training curves" src="{_png_data_uri(png)}"></figure></div>' if png else ""
@@ -264,6 +285,8 @@ def _episode_json(source: str, episode: Episode, instructions: dict[str, int]) -
         "agent": episode.agent,
         "env": episode.env_id,
         "split": str(episode.meta.get("split", "")),
+        "update": episode.meta.get("update"),
+        "seed": episode.seed,
         "task": episode.task_id,
         "type": episode.task_type,
         "success": episode.success,
