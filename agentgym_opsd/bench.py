@@ -3,7 +3,8 @@ plots and an HTML report.
 
 The config is TOML (`.toml`) or YAML (`.yaml`/`.yml`):
 
-    agents = ["expert", "random"]      # random, expert, hf:PATH, openai:BASE_URL#MODEL
+    agents = ["expert", "random"]      # random, expert, hf:PATH, openai:BASE_URL#MODEL, or
+                                       # { name = "tiny", agent = "hf:runs/x/model" } to name one
     seeds = [0, 1]                     # run seeds: each episode is played once per seed
     episodes = 20                      # episodes per env and split ("all": one per task)
     workers = 2                        # env worker processes (0: envs in this process)
@@ -53,7 +54,7 @@ from agentgym_opsd.registry import entry, registered_envs
 from agentgym_opsd.summary import summarize
 from agentgym_opsd.workers import EnvFactory
 
-__all__ = ["BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "subset_rows", "RESET_SEED_STRIDE"]
+__all__ = ["AgentSpec", "BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "subset_rows", "RESET_SEED_STRIDE"]
 
 RESET_SEED_STRIDE = 1_000_000
 
@@ -73,8 +74,16 @@ class EnvSpec:
 
 
 @dataclass(frozen=True)
+class AgentSpec:
+    """An agent of a bench: the name it has in tables and keys, and what `make_agent` builds."""
+
+    name: str
+    agent: str
+
+
+@dataclass(frozen=True)
 class BenchConfig:
-    agents: tuple[str, ...]
+    agents: tuple[AgentSpec, ...]
     envs: tuple[EnvSpec, ...]
     seeds: tuple[int, ...] = (0,)
     workers: int = 0
@@ -85,7 +94,8 @@ class BenchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["agents"], d["seeds"] = list(self.agents), list(self.seeds)
+        d["agents"] = [asdict(a) for a in self.agents]
+        d["seeds"] = list(self.seeds)
         d["envs"] = [asdict(e) for e in self.envs]
         return d
 
@@ -93,7 +103,7 @@ class BenchConfig:
     def from_dict(cls, d: dict[str, Any]) -> BenchConfig:
         """The inverse of `to_dict` (a run folder's config.json)."""
         return cls(
-            agents=tuple(d["agents"]),
+            agents=tuple(AgentSpec(a["name"], a["agent"]) for a in d["agents"]),
             envs=tuple(EnvSpec(e["id"], e["split"], e["episodes"], dict(e.get("options") or {})) for e in d["envs"]),
             seeds=tuple(d["seeds"]),
             workers=int(d.get("workers", 0)),
@@ -155,11 +165,21 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> BenchConfig
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
-    agents = data.get("agents")
-    if isinstance(agents, str):
-        agents = [agents]
-    if not agents or not all(isinstance(a, str) and a for a in agents):
+    raw_agents = data.get("agents")
+    if isinstance(raw_agents, str):
+        raw_agents = [raw_agents]
+    if not raw_agents or not isinstance(raw_agents, list):
         raise ConfigError(f'{where}: agents must be a list of agent names, e.g. agents = ["expert", "random"]')
+    agents = []
+    for a in raw_agents:
+        if isinstance(a, str) and a:
+            agents.append(AgentSpec(a, a))
+        elif isinstance(a, dict) and set(a) == {"name", "agent"} and all(isinstance(v, str) and v for v in a.values()):
+            agents.append(AgentSpec(a["name"], a["agent"]))
+        else:
+            raise ConfigError(f'{where}: agent {a!r}: give a name ("random") or {{ name = "tiny", agent = "hf:PATH" }}')
+    if len({a.name for a in agents}) != len(agents):
+        raise ConfigError(f"{where}: two agents have the same name")
     seeds = data.get("seeds", [0])
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
@@ -327,8 +347,8 @@ def run_bench(
     done = _load_done(episodes_path)
     finished = {k for k, e in done.items() if e.error is None}
     planned = [
-        (agent_name, seed, spec, index)
-        for agent_name in config.agents
+        (agent_spec.name, seed, spec, index)
+        for agent_spec in config.agents
         for seed in config.seeds
         for number, spec in enumerate(config.envs)
         for index in range(counts[number])
@@ -343,6 +363,8 @@ def run_bench(
         key = episode.group  # the rollout carries the key in `group`; it is stored in meta
         episode.group = ""
         episode.meta["bench_key"] = key
+        episode.meta["agent_spec"] = episode.agent
+        episode.agent = json.loads(key)[0]  # the bench's name for it
         append_episodes(episodes_path, [episode])
         done[key] = episode
         bar.update(1)
@@ -351,7 +373,8 @@ def run_bench(
             bar.set_postfix_str(f"{errors_seen} errored", refresh=False)
 
     try:
-        for agent_name in config.agents:
+        for agent_spec in config.agents:
+            agent_name = agent_spec.name
             for seed in config.seeds:
                 agent = None
                 for number, spec in enumerate(config.envs):
@@ -368,7 +391,7 @@ def run_bench(
                     if not requests:
                         continue
                     if agent is None:
-                        agent = build_agent(agent_name, seed=seed)
+                        agent = build_agent(agent_spec.agent, seed=seed)
                     bar.set_description_str(f"bench {config.name}: {agent_name} on {spec.id}")
                     run_episodes(
                         env_factory(spec),
@@ -412,7 +435,8 @@ def summarize_bench(config: BenchConfig, episodes_by_key: dict[str, Episode]) ->
         agent_name, env_id, split, index, seed = json.loads(key)
         grouped[(agent_name, env_id, split)].append((seed, index, episode))
     results = []
-    for agent_name in config.agents:
+    for agent_spec in config.agents:
+        agent_name = agent_spec.name
         for spec in config.envs:
             rows = sorted(grouped.get((agent_name, spec.id, spec.split), []), key=lambda t: (t[0], t[1]))
             chosen = [e for seed, _, e in rows if seed in config.seeds]

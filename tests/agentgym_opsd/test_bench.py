@@ -118,7 +118,7 @@ def test_bench_writes_tables_and_charts_that_match_the_episodes(tmp_path):
     config = config_from_dict(
         {
             "name": "small",
-            "agents": ["expert", "random"],
+            "agents": ["expert", {"name": "chance", "agent": "random"}],
             "seeds": [3],
             "episodes": 12,
             "envs": [{"family": "Tally"}],
@@ -126,9 +126,10 @@ def test_bench_writes_tables_and_charts_that_match_the_episodes(tmp_path):
     )
     results = run_bench(config, tmp_path, progress=False, report=False)
     rows = {(r["agent"], r["subset"]): r for r in results["results"]}
-    assert set(rows) == {(a, s) for a in ("expert", "random") for s in ("small", "large")}
+    assert set(rows) == {(a, s) for a in ("expert", "chance") for s in ("small", "large")}
     episodes = load_episodes(tmp_path / "episodes.jsonl")
     assert len(episodes) == 48
+    assert {(e.agent, e.meta["agent_spec"]) for e in episodes} == {("expert", "expert"), ("chance", "random")}
     for (agent, subset), row in rows.items():
         mine = [e for e in episodes if e.agent == agent and e.task_type == subset]
         wins = sum(e.success for e in mine)
@@ -138,12 +139,12 @@ def test_bench_writes_tables_and_charts_that_match_the_episodes(tmp_path):
         assert low <= wins / 12 <= high and high - low > 0.05
         assert row["mean_turns"] == pytest.approx(sum(e.num_turns for e in mine) / 12)
     assert rows[("expert", "large")]["success_rate"] == 1.0
-    assert rows[("random", "large")]["success_rate"] < 1.0  # overshooting is easy at random
+    assert rows[("chance", "large")]["success_rate"] < 1.0  # overshooting is easy at random
     table = (tmp_path / "tables" / "Tally.md").read_text()
     expert_large = rows[("expert", "large")]
     assert f"| large | test | expert | 12 | 100.0 | [{100 * expert_large['success_ci95'][0]:.1f}, 100.0] |" in table
-    random_large = rows[("random", "large")]
-    assert f"| large | test | random | 12 | {100 * random_large['success_rate']:.1f} |" in table
+    random_large = rows[("chance", "large")]
+    assert f"| large | test | chance | 12 | {100 * random_large['success_rate']:.1f} |" in table
     charts = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
     assert charts == ["Tally-large.png", "Tally-small.png"]
     for chart in charts:
@@ -179,6 +180,8 @@ def test_config_errors_name_the_problem(tmp_path):
         'agents = ["expert"]\n[[envs]]\nid = "example/GuessNumber-v0"\nsplits = ["train"]\n': "has no split 'train'",
         'agents = ["expert"]\n[[envs]]\nfamily = "NoSuchFamily"\n': "no env of family 'NoSuchFamily'",
         'agents = []\nenvs = ["example/GuessNumber-v0"]\n': "agents must be a list",
+        'agents = [{ name = "x" }]\nenvs = ["example/GuessNumber-v0"]\n': "give a name",
+        'agents = ["random", { name = "random", agent = "expert" }]\nenvs = ["example/GuessNumber-v0"]\n': "same name",
         'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\ncontext = "window:0"\n': "context policy",
         'agents = ["expert"\n': "not valid TOML",
     }
