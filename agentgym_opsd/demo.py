@@ -117,7 +117,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
         server = serve_synthetic(cache / "searchqa")
         stages.done()
         try:
-            model = _train(out / "training", alfworld, settings, stages, progress)
+            model = _train(out, alfworld, settings, stages, progress)
             stages.start("benchmark")
             config = config_from_dict(
                 {
@@ -157,8 +157,9 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
 # Training: one warm start, then GRPO and StepOPSD from it.
 
 
-def _train(root: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: _Stages, progress: bool) -> Path:
-    """Warm start and the two RL runs; returns the warm-started model's folder (the tiny policy)."""
+def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: _Stages, progress: bool) -> Path:
+    """Warm start (OUT/warmstart) and the two RL runs (OUT/training/<method>, side by side in the
+    report); returns the warm-started model's folder (the tiny policy)."""
     from trainer.local import LocalTrainer, TrainConfig
 
     common = dict(
@@ -167,7 +168,7 @@ def _train(root: Path, alfworld: dict[str, Any], settings: DemoSettings, stages:
         max_new_tokens=settings.max_new_tokens, device="cpu",
     )
     stages.start("warm start")
-    warm = root / "warmstart"
+    warm = out / "warmstart"
     if not (warm / "model" / "config.json").exists():
         config = TrainConfig(
             out=str(warm), method="grpo", model="tiny", tokenizer="trained", vocab_size=settings.vocab_size,
@@ -177,7 +178,7 @@ def _train(root: Path, alfworld: dict[str, Any], settings: DemoSettings, stages:
     stages.done()
     for method, label in (("grpo", "GRPO"), ("stepopsd", "StepOPSD")):
         stages.start(label)
-        run_dir = root / method
+        run_dir = out / "training" / method
         if not (run_dir / "report.json").exists():
             config = TrainConfig(
                 out=str(run_dir), method=method, model=str(warm / "model"), steps=settings.steps,

@@ -204,6 +204,7 @@ def _training_metric_names(training: dict[str, list[dict[str, Any]]]) -> list[st
     for rows in training.values():
         names = {k for row in rows for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         names -= _NOT_METRICS
+        names = {n for n in names if not any(w in n for w in ("seconds", "time/", "_s", "tokens_per_s"))}  # timings
         shared = names if shared is None else shared & names
     shared = shared or set()
     ordered = [m for m in _PREFERRED_METRICS if m in shared] + sorted(shared - set(_PREFERRED_METRICS))
@@ -260,7 +261,7 @@ def _training_html(training: dict[str, list[dict[str, Any]]]) -> str:
         rows.append(f"<tr><td class=agent>{html.escape(method)}</td><td class=num>{updates}</td>{cells}</tr>")
     head = "".join(f"<th>{html.escape(n.replace('_', ' '))} (first &rarr; last)</th>" for n in names)
     table = f'<table class="results"><thead><tr><th>method</th><th>updates</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-    image = f'<div class="plots"><figure><img alt="training curves" src="{_png_data_uri(png)}"></figure></div>' if png else ""
+    image = f'<div class="plots wide"><figure><img alt="training curves" src="{_png_data_uri(png)}"></figure></div>' if png else ""
     return table + image
 
 
