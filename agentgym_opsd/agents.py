@@ -90,6 +90,9 @@ class RandomAgent:
 class ExpertAgent:
     """Follows the env's scripted expert (`env.expert_action()`), written in the env's format."""
 
+    # The env methods it calls before each turn: env workers compute them with each step.
+    env_prefetch = ("expert_action",)
+
     def __init__(self, seed: int = 0) -> None:
         self.name = "expert"
 

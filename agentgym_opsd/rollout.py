@@ -87,7 +87,11 @@ def run_episodes(
     queue.reverse()
     count = max(1, min(workers or num_envs, len(requests)))
     if workers:
-        slots = [_Slot(WorkerEnv(make_env, step_timeout=step_timeout, start_method=start_method)) for _ in range(count)]
+        prefetch = tuple(getattr(agent, "env_prefetch", ()))  # what a scripted agent reads before each turn
+        slots = [
+            _Slot(WorkerEnv(make_env, step_timeout=step_timeout, start_method=start_method, prefetch=prefetch))
+            for _ in range(count)
+        ]
     else:
         slots = [_Slot(LocalEnv(make_env)) for _ in range(count)]
     label = progress if isinstance(progress, str) else getattr(agent, "name", "agent")

@@ -214,10 +214,13 @@ def _worker_main(conn: Any, make_env: Callable[[], Any]) -> None:
         command, args = message[0], message[1:]
         try:
             if command == "reset":
-                seed, options = args
-                reply: Any = env.reset(seed=seed, options=options)
+                seed, options, prefetch = args
+                result: Any = env.reset(seed=seed, options=options)
+                reply: Any = (result, _prefetch(raw, prefetch))
             elif command == "step":
-                reply = env.step(args[0])
+                response, prefetch = args
+                result = env.step(response)
+                reply = (result, {} if result[2] or result[3] else _prefetch(raw, prefetch))
             elif command == "attr":
                 value = getattr(raw, args[0])
                 methods[args[0]] = callable(value)
@@ -240,6 +243,18 @@ def _worker_main(conn: Any, make_env: Callable[[], Any]) -> None:
             conn.send(("ok", reply, None))
         except Exception as e:  # an unpicklable result: the env's bug, reported, not fatal
             conn.send(("error", f"{command} failed: its result cannot be sent between processes ({_error_text(e)})", None))
+
+
+def _prefetch(raw: Any, names: tuple[str, ...]) -> dict[str, tuple[bool, Any]]:
+    """The results of the env's zero-argument methods `names` in its current state (what the agent
+    will ask next), each `(True, value)` or `(False, exception)`."""
+    out: dict[str, tuple[bool, Any]] = {}
+    for name in names:
+        try:
+            out[name] = (True, getattr(raw, name)())
+        except Exception as e:
+            out[name] = (False, _portable(e) or RuntimeError(f"{name} failed: {_error_text(e)}"))
+    return out
 
 
 def _portable(e: BaseException) -> BaseException | None:
@@ -308,6 +323,9 @@ class WorkerEnv(EnvHandle):
             (None: no limit).
         start_timeout: seconds the child may take to build its env.
         start_method: `fork`, `forkserver` or `spawn`; by default `default_start_method(make_env)`.
+        prefetch: names of zero-argument env methods the agent calls before each turn (its
+            `env_prefetch`, e.g. the expert's `expert_action`): the worker computes them with each
+            reset and step and sends them along, saving the agent a round trip per turn.
     """
 
     def __init__(
@@ -317,8 +335,11 @@ class WorkerEnv(EnvHandle):
         step_timeout: float | None = 60.0,
         start_timeout: float = 300.0,
         start_method: str | None = None,
+        prefetch: tuple[str, ...] = (),
     ) -> None:
         self._make_env = make_env
+        self.prefetch = tuple(prefetch)
+        self._prefetched: dict[str, tuple[bool, Any]] = {}
         self.step_timeout = step_timeout
         self.start_timeout = start_timeout
         self.start_method = start_method or default_start_method(make_env)
@@ -408,6 +429,7 @@ class WorkerEnv(EnvHandle):
     # -- requests -------------------------------------------------------------------------------
 
     def _send(self, *message: Any) -> None:
+        self._prefetched = {}  # answers for the state before this request
         self.wait_started()
         if self._broken is not None:
             raise EnvFailure(self._broken)
@@ -462,19 +484,27 @@ class WorkerEnv(EnvHandle):
         raise EnvFailure(value)
 
     def reset_async(self, seed: int, options: dict[str, Any]) -> None:
-        self._send("reset", seed, options)
+        self._send("reset", seed, options, self.prefetch)
 
     def reset_wait(self) -> tuple[str, dict[str, Any]]:
-        return self._wait(self.step_timeout)
+        result, self._prefetched = self._wait(self.step_timeout)
+        return result
 
     def step_async(self, response: str) -> None:
-        self._send("step", response)
+        self._send("step", response, self.prefetch)
 
     def step_wait(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return self._wait(self.step_timeout)
+        result, self._prefetched = self._wait(self.step_timeout)
+        return result
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call a method of the unwrapped env in the worker and return its result."""
+        """Call a method of the unwrapped env in the worker and return its result (a prefetched
+        answer for this state is used once)."""
+        if not args and not kwargs and name in self._prefetched:
+            ok, value = self._prefetched.pop(name)
+            if ok:
+                return value
+            raise value
         self._send("call", name, args, kwargs)
         value, states = self._wait(self.step_timeout)
         generators = [a for a in (*args, *kwargs.values()) if isinstance(a, np.random.Generator)]

@@ -154,13 +154,17 @@ def test_killing_a_worker_mid_episode_errors_that_episode_and_restarts_the_worke
 
 
 def test_remote_env_calls_behave_like_local_ones(guess_env):
-    handle = WorkerEnv(guess_env, step_timeout=10)
+    handle = WorkerEnv(guess_env, step_timeout=10, prefetch=("expert_action",))
     try:
         local = guess_env().unwrapped
         handle.reset_async(4, {})
         handle.reset_wait()
         local.reset(seed=4)
         remote = handle.agent_env
+        # The expert's move came with the reset; it is served once, then asked for again.
+        assert set(handle._prefetched) == {"expert_action"}
+        assert remote.expert_action() == local.expert_action() and not handle._prefetched
+        assert remote.expert_action() == local.expert_action()
         assert remote.instructions == local.instructions
         assert remote.admissible_actions() == local.admissible_actions()
         # A generator lent to a remote method advances exactly as it would locally.
