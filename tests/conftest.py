@@ -8,7 +8,8 @@
   need options in tests (a server URL, a data path) provides a fixture named
   `contract_options_<family lowercased>` returning the keyword arguments for `gymnasium.make` (a dict,
   or a function `env id -> dict` where the ids of one family need different options).
-- `wiki_index`: one real Lucene index of a slice of ../shared/data/wiki, shared by the whole session.
+- `wiki_index` / `retrieval_server`: one real Lucene index of a slice of ../shared/data/wiki and one
+  real retrieval server on a free loopback port over it, shared by the whole session.
 """
 
 from __future__ import annotations
@@ -74,3 +75,11 @@ def wiki_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return build_wiki_slice_index(require_shared_data("wiki"), tmp_path_factory.mktemp("wiki_index") / "index")
 
+
+@pytest.fixture(scope="session")
+def retrieval_server(wiki_index: Path):
+    """The real retrieval server (waitress + Flask, in a child process) on a free loopback port."""
+    from retrieval_index.process import RetrievalServer
+
+    with RetrievalServer(wiki_index) as server:
+        yield server
