@@ -31,6 +31,7 @@ __all__ = ["main", "CliError", "parse_options", "make_env_factory"]
 COMMANDS: dict[str, str] = {
     "index": "retrieval_index.cli:add_index_parser",
     "serve-retrieval": "retrieval_index.cli:add_serve_parser",
+    "searchqa-data": "environments.searchqa.fetch:add_parser",
 }
 
 

@@ -83,3 +83,22 @@ def retrieval_server(wiki_index: Path):
 
     with RetrievalServer(wiki_index) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def contract_options_searchqa(retrieval_server, tmp_path_factory: pytest.TempPathFactory):
+    """Search-QA ids: the ../shared/data/qa sets against the session's server; the synthetic set over its
+    own index (built in a temporary folder; the env serves it from a child process)."""
+    from environments.searchqa.synthetic import ensure_synthetic_index
+
+    synthetic_index = ensure_synthetic_index(tmp_path_factory.mktemp("synthetic"))
+    files = {"nq": "nq_open_dev_part1.jsonl", "triviaqa": "triviaqa_sm_sub_part1.jsonl",
+             "hotpotqa": "hotpotqa_distractor_dev_sample_100.jsonl"}  # fmt: skip
+
+    def options(env_id: str) -> dict:
+        subset = entry(env_id).subset
+        if subset == "synthetic":
+            return {"index_dir": str(synthetic_index)}
+        return {"data_file": str(require_shared_data("qa", files[subset])), "server_url": retrieval_server.url}
+
+    return options
