@@ -30,7 +30,15 @@ from pathlib import Path
 
 from environments.searchqa.data import QAExample, data_home
 
-__all__ = ["SYNTHETIC_VERSION", "SyntheticWorld", "synthetic_world", "synthetic_corpus", "synthetic_questions", "ensure_synthetic_index"]
+__all__ = [
+    "SYNTHETIC_VERSION",
+    "SyntheticWorld",
+    "synthetic_world",
+    "synthetic_corpus",
+    "synthetic_questions",
+    "ensure_synthetic_index",
+    "serve_synthetic",
+]
 
 SYNTHETIC_VERSION = 1
 SEED = 20240611
@@ -310,3 +318,15 @@ def ensure_synthetic_index(root: str | Path | None = None, *, progress: bool = F
     build_index(synthetic_corpus(), index_dir, progress=progress, overwrite=True)
     BM25Searcher(index_dir).close()  # opens: the index is usable
     return index_dir
+
+
+def serve_synthetic(root: str | Path | None = None, *, port: int | None = None):
+    """Build (or reuse) the synthetic index and serve it from a child process on loopback.
+
+    Returns the started `RetrievalServer` (`.url`, `.stop()`; also a context manager), e.g. for
+    `make demo`: `with serve_synthetic() as server: gym.make("agentgym/SearchQA-Synthetic-v0", server_url=server.url)`.
+    (Without `server_url` the env starts such a server itself, once per process.)
+    """
+    from retrieval_index.process import RetrievalServer
+
+    return RetrievalServer(ensure_synthetic_index(root), port=port).start()

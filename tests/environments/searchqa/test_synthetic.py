@@ -71,3 +71,14 @@ def test_the_index_is_cached_and_retrieves_the_supporting_passage(synthetic_inde
         results = searcher.batch_search([q.question for q in single], k=3, threads=2)
     found = sum(any(split_title(h.contents)[0] == q.supporting[0]["title"] for h in hits) for q, hits in zip(single, results, strict=True))
     assert found >= 0.9 * len(single), f"{found}/{len(single)}"
+
+
+def test_serve_synthetic_starts_and_stops(synthetic_index: Path) -> None:
+    from environments.searchqa.synthetic import serve_synthetic
+    from retrieval_index.client import RetrievalClient
+
+    question = next(q for q in synthetic_questions("test") if q.question_type == "single-hop")
+    with serve_synthetic(synthetic_index.parent) as server:
+        hits = RetrievalClient(server.url).search(question.question, 3)
+        assert question.supporting[0]["title"] in [split_title(h.contents)[0] for h in hits]
+    assert not server.running
