@@ -83,7 +83,8 @@ class RetrievalServer:
         port_file = Path(self._tmp.name) / "port"
         port_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "retrieval_index.server", "--index", self.index_dir, "--host", self.host,
-               "--port", str(self.port), "--port-file", str(port_file), *self.extra_args]  # fmt: skip
+               "--port", str(self.port), "--port-file", str(port_file), "--exit-with-parent", str(os.getpid()),
+               *self.extra_args]  # fmt: skip
         if not self.batching:
             cmd.append("--no-batching")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -365,6 +365,19 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k1", type=float, default=0.9, help="BM25 k1 (default %(default)s)")
     parser.add_argument("--b", type=float, default=0.4, help="BM25 b (default %(default)s)")
     parser.add_argument("--port-file", default=None, help="write the bound port to this file once listening")
+    parser.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+                        help="exit when process PID (the parent) is gone: a child server never outlives its owner")  # fmt: skip
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Exit this process (a server started by another one) as soon as its parent is gone."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -373,6 +386,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if getattr(args, "exit_with_parent", None):
+        _exit_with_parent(args.exit_with_parent)
     limits = ServerLimits(max_queries=args.max_queries, max_topk=args.max_topk)
     serve(
         Path(args.index),

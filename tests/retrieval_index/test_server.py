@@ -200,3 +200,37 @@ def test_cli_index_build_and_serve_errors(tmp_path: Path, capsys: pytest.Capture
     assert "c.jsonl:2" in capsys.readouterr().err
     assert cli_main(["serve-retrieval", "--index", str(tmp_path / "nowhere")]) == 2
     assert "agentgym-opsd index build" in capsys.readouterr().err
+
+
+def test_a_child_server_does_not_outlive_its_parent(wiki_index: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "from retrieval_index.process import RetrievalServer\n"
+        "s = RetrievalServer(sys.argv[1]).start()\n"
+        "print(s.process.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code, str(wiki_index)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        os.kill(child, 0)  # the server runs
+        parent.send_signal(signal.SIGKILL)  # the owner dies without cleaning up
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError):
+                return  # gone
+            if state == "Z":  # exited, waiting for init to reap it
+                return
+            time.sleep(0.1)
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the server outlived its parent")
+    finally:
+        parent.kill()
