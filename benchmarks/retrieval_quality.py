@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -106,6 +107,14 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix=f"{Path(__file__).stem.replace('_', '-')}-"))
+    try:
+        return run(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(work: Path) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/retrieval_quality", help="folder for results.json and recall.png")
     parser.add_argument("--threads", type=int, default=2)
@@ -120,7 +129,6 @@ def main() -> int:
     from retrieval_index.lucene import BM25Searcher, build_index
     from retrieval_index.testing import wiki_slice_records
 
-    work = Path(tempfile.mkdtemp(prefix="retrieval-quality-"))
     records = list(wiki_slice_records(SHARED / "wiki", {name: None for name in
                                                         ("hotpotqa_distractor_paragraphs.jsonl", "flashrag_wiki18_sample_1000.jsonl",
                                                          "wikipedia_vital_articles_summaries_en.jsonl")}))  # fmt: skip

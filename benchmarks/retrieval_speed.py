@@ -32,6 +32,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import threading
 import time
@@ -238,6 +239,14 @@ def server_rss_mib(pid: int) -> float | None:
 
 
 def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix=f"{Path(__file__).stem.replace('_', '-')}-"))
+    try:
+        return run(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(work: Path) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--queries", type=int, default=1805, help="NQ questions used (default: all 1,805)")
     parser.add_argument("--seconds", type=float, default=20.0, help="time limit of each load (default %(default)s)")
@@ -256,7 +265,6 @@ def main() -> int:
     from retrieval_index.process import RetrievalServer
 
     queries = [r["question"] for _, r in read_jsonl_numbered(NQ)][: args.queries]
-    work = Path(tempfile.mkdtemp(prefix="retrieval-speed-"))
     corpus = work / "wiki.jsonl"
     with open(corpus, "w") as f:  # the whole wiki folder as one corpus (ids are unique across files)
         for copy in range(args.scale):  # --scale N: N copies of every passage (a larger, duplicated corpus)
