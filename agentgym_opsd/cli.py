@@ -28,7 +28,11 @@ from agentgym_opsd.summary import format_table, summarize
 __all__ = ["main", "CliError", "parse_options", "make_env_factory"]
 
 # name -> "module:add_parser" for commands owned by other folders.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "index": "retrieval_index.cli:add_index_parser",
+    "serve-retrieval": "retrieval_index.cli:add_serve_parser",
+    "searchqa-data": "environments.searchqa.fetch:add_parser",
+}
 
 
 class CliError(Exception):

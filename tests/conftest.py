@@ -8,7 +8,8 @@
   need options in tests (a server URL, a data path) provides a fixture named
   `contract_options_<family lowercased>` returning the keyword arguments for `gymnasium.make` (a dict,
   or a function `env id -> dict` where the ids of one family need different options).
-- `wiki_index`: one real Lucene index of a slice of ../shared/data/wiki, shared by the whole session.
+- `wiki_index` / `retrieval_server`: one real Lucene index of a slice of ../shared/data/wiki and one
+  real retrieval server on a free loopback port over it, shared by the whole session.
 """
 
 from __future__ import annotations
@@ -74,3 +75,30 @@ def wiki_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return build_wiki_slice_index(require_shared_data("wiki"), tmp_path_factory.mktemp("wiki_index") / "index")
 
+
+@pytest.fixture(scope="session")
+def retrieval_server(wiki_index: Path):
+    """The real retrieval server (waitress + Flask, in a child process) on a free loopback port."""
+    from retrieval_index.process import RetrievalServer
+
+    with RetrievalServer(wiki_index) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def contract_options_searchqa(retrieval_server, tmp_path_factory: pytest.TempPathFactory):
+    """Search-QA ids: the ../shared/data/qa sets against the session's server; the synthetic set over its
+    own index (built in a temporary folder; the env serves it from a child process)."""
+    from environments.searchqa.synthetic import ensure_synthetic_index
+
+    synthetic_index = ensure_synthetic_index(tmp_path_factory.mktemp("synthetic"))
+    files = {"nq": "nq_open_dev_part1.jsonl", "triviaqa": "triviaqa_sm_sub_part1.jsonl",
+             "hotpotqa": "hotpotqa_distractor_dev_sample_100.jsonl"}  # fmt: skip
+
+    def options(env_id: str) -> dict:
+        subset = entry(env_id).subset
+        if subset == "synthetic":
+            return {"index_dir": str(synthetic_index)}
+        return {"data_file": str(require_shared_data("qa", files[subset])), "server_url": retrieval_server.url}
+
+    return options
