@@ -533,4 +533,5 @@ def build_rows(
         truncated_rows=truncated_rows,
         truncated_tokens=truncated_tokens,
         truncated_turns=truncated_turns,
+        meta={"chat_template_kwargs": kwargs},
     )
