@@ -423,6 +423,7 @@ def build_teacher_sequences(
             "build them with span_mode=config.span_mode"
         )
     counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
+    rows = rows.to("cpu")  # sequences are assembled on the CPU and moved per micro-batch
     if config.method == "agentopsd":
         seqs = _agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
     elif config.method in ("stepopsd", "rlsd"):
@@ -497,15 +498,16 @@ def score_sequences(
             prefix = torch.zeros((B, S), dtype=torch.long)
             for b, s in enumerate(seqs):
                 segment[b, : s.length], prefix[b, : s.length] = s.segment, s.prefix
-            q = torch.arange(S)
-            # A token attends to earlier tokens of its own segment, and to row tokens before its prefix.
+            segment, prefix, valid_d = segment.to(device), prefix.to(device), valid.to(device)
+            q = torch.arange(S, device=device)
+            # allowed[b, query, key]: a token attends to earlier tokens of its own segment, and to row
+            # tokens (segment 0) before its prefix; padding keys never; every query at least to itself.
             allowed = (segment.unsqueeze(2) == segment.unsqueeze(1)) & (q.view(1, 1, S) <= q.view(1, S, 1))
             allowed |= (q.view(1, 1, S) < prefix.unsqueeze(2)) & (segment.unsqueeze(1) == 0)
-            allowed &= valid.unsqueeze(1)
-            allowed |= torch.eye(S, dtype=torch.bool).unsqueeze(0)  # padding rows attend to themselves
-            mask = torch.zeros((B, 1, S, S), dtype=dtype)
-            mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
-            attention = mask.to(device)
+            allowed &= valid_d.unsqueeze(1)
+            allowed |= torch.eye(S, dtype=torch.bool, device=device).unsqueeze(0)
+            attention = torch.zeros((B, 1, S, S), dtype=dtype, device=device)
+            attention.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
         else:
             attention = valid.to(torch.long).to(device)
         inputs = dict(input_ids=ids.to(device), attention_mask=attention, position_ids=positions.to(device))
@@ -618,7 +620,9 @@ def row_logprobs(
 
     `mask` defaults to the generated tokens (turn_id >= 0): the student's lp_S for the credit core.
     """
-    mask = rows.turn_id >= 0 if mask is None else mask
+    device = rows.input_ids.device
+    rows = rows.to("cpu")
+    mask = rows.turn_id >= 0 if mask is None else mask.to("cpu")
     sequences = []
     for r in range(rows.num_rows):
         L = int(rows.length[r])
@@ -641,4 +645,4 @@ def row_logprobs(
     out = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
     for seq, lp in zip(sequences, scores, strict=True):
         out[seq.row, seq.row_pos] = lp
-    return out.to(rows.input_ids.device)
+    return out.to(device)

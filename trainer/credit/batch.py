@@ -159,7 +159,7 @@ class TurnLayout:
         E, K = batch.num_episodes, max(batch.max_turns, 1)
         index = (batch.turn_id >= 0).view(-1).nonzero().squeeze(1)
         turn_id = batch.turn_id.view(-1)[index]
-        episode = batch.row_episode[index // T] if T else index
+        episode = batch.row_episode[torch.div(index, T, rounding_mode="trunc")] if T else index
         exists = torch.arange(K, device=batch.device).unsqueeze(0) < batch.num_turns.unsqueeze(1)
         span = batch.span.reshape(-1)[index]
         return cls(E, K, R, T, index, episode * K + turn_id, episode, span, exists)
@@ -190,7 +190,8 @@ class TurnLayout:
     def turn_count(self, mask: torch.Tensor | None = None) -> torch.Tensor:
         """[E, K] long: number of tokens of each turn (where `mask` holds)."""
         turn = self.turn if mask is None else self.turn[mask]
-        return torch.bincount(turn, minlength=self.E * self.K).view(self.E, self.K)
+        out = torch.zeros(self.E * self.K, dtype=torch.long, device=turn.device)
+        return out.index_add_(0, turn, torch.ones_like(turn)).view(self.E, self.K)
 
     def gather(self, per_turn: torch.Tensor) -> torch.Tensor:
         """Each generated token takes its turn's value from `per_turn` [E, K]  ->  [N]."""

@@ -37,9 +37,9 @@ def episode_rewards(batch: CreditBatch, config: CreditConfig) -> torch.Tensor:
 
 
 def _mean_std(x: torch.Tensor) -> tuple[float, float]:
+    """Mean and population std (token-level float32 vectors stay float32: these are for logging)."""
     if x.numel() == 0:
         return 0.0, 0.0
-    x = x.to(torch.float64)
     mean = float(x.mean())
     std = float(x.std(unbiased=False)) if x.numel() > 1 else 0.0
     return mean, std
