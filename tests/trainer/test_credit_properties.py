@@ -262,7 +262,7 @@ def episode_batches(draw):
     n_groups = draw(st.integers(1, 3))
     gap = st.one_of(
         st.floats(-50, 50),
-        st.sampled_from([-1e6, 1e6, -1e30, 1e30, -math.inf, 0.0]),
+        st.sampled_from([-1e6, 1e6, -1e30, 1e30, -math.inf, math.inf, 0.0]),
     )
     episodes = []
     for g in range(n_groups):
