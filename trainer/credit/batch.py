@@ -105,10 +105,8 @@ class CreditBatch:
             lo, hi = int(self.row_episode.min()), int(self.row_episode.max())
             if lo < 0 or hi >= E:
                 raise ValueError(f"row_episode holds {lo}..{hi}; it must index the {E} episodes")
-            if T and (
-                int(self.turn_id.min()) < -1
-                or bool((self.turn_id.amax(dim=1) >= self.num_turns[self.row_episode]).any())
-            ):
+            lowest, highest = torch.aminmax(self.turn_id, dim=1) if T else (None, None)
+            if T and (int(lowest.min()) < -1 or bool((highest >= self.num_turns[self.row_episode]).any())):
                 raise ValueError("turn_id must be -1 or a turn index < num_turns of the row's episode")
         if needs_teacher:
             for name in ("student_logprobs", "teacher_logprobs"):
