@@ -24,6 +24,8 @@ EXAMPLE_PLUGIN = Path(__file__).resolve().parent / "data" / "example_plugin"
 
 # alfworld writes to ~/.cache/alfworld at import unless ALFWORLD_DATA is set.
 os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "alfworld"))
+# Generated data (the ALFWorld panel, engine translations) goes to a test cache, not ~/.cache.
+os.environ.setdefault("AGENTGYM_CACHE", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "cache"))
 
 if str(EXAMPLE_PLUGIN) not in sys.path:
     sys.path.insert(0, str(EXAMPLE_PLUGIN))
@@ -62,3 +64,10 @@ def env_options(request: pytest.FixtureRequest, registered_env_id: str) -> dict:
         return dict(request.getfixturevalue(f"contract_options_{family}"))
     except pytest.FixtureLookupError:
         return {}
+
+
+@pytest.fixture(scope="session")
+def contract_options_alfworld() -> dict:
+    """ALFWorld ids in tests play a small embedded panel (2 train games per task type, 1 per eval split),
+    generated once into the test cache and shared by every ALFWorld test."""
+    return {"panel_size": {"train": 2, "valid_seen": 1, "valid_unseen": 1}, "progress": False}
