@@ -11,6 +11,8 @@ This module stays light: registering imports nothing heavy; the engine loads whe
 
 from __future__ import annotations
 
+from environments.alfworld.expert import TASK_TYPES  # a light module (no engine imports)
+
 __all__ = ["register", "IDS"]
 
 # id part -> (subset, ALFWorld task types)
@@ -21,17 +23,7 @@ IDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "Heat": ("heat", ("pick_heat_then_place_in_recep",)),
     "Cool": ("cool", ("pick_cool_then_place_in_recep",)),
     "PickTwo": ("picktwo", ("pick_two_obj_and_place",)),
-    "All": (
-        "all",
-        (
-            "pick_and_place_simple",
-            "look_at_obj_in_light",
-            "pick_clean_then_place_in_recep",
-            "pick_heat_then_place_in_recep",
-            "pick_cool_then_place_in_recep",
-            "pick_two_obj_and_place",
-        ),
-    ),
+    "All": ("all", TASK_TYPES),
 }
 SPLITS = ("train", "valid_seen", "valid_unseen")
 _DEFAULT_SIZES = {"train": 20, "valid_seen": 10, "valid_unseen": 10}

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from environments.alfworld.paths import alfworld_package_dir, cache_root, import_alfworld, write_cache_file
+from environments.alfworld.paths import alfworld_package_dir, cache_root, import_alfworld
 
 __all__ = [
     "AlfredEngine",
@@ -530,8 +530,10 @@ def _load_translation(path: Path) -> dict[str, Any] | None:
 
 
 def _save_translation(path: Path, translation: dict[str, Any]) -> None:
+    from agentgym_opsd.io import atomic_write_bytes
+
     try:
-        write_cache_file(path, gzip.compress(json.dumps(translation).encode("utf-8"), compresslevel=5, mtime=0))
+        atomic_write_bytes(path, gzip.compress(json.dumps(translation).encode("utf-8"), compresslevel=5, mtime=0))
     except OSError:  # a read-only cache only costs speed
         pass
 

@@ -133,6 +133,8 @@ class AlfWorldEnv(TextEnv):
             source = "alfworld" if data_dir is not None else "embedded"
         if source not in ("embedded", "alfworld"):
             raise ValueError(f"source={source!r}: use 'embedded' (generated panel) or 'alfworld' (json_2.1.1 games)")
+        if source == "embedded" and data_dir is not None:
+            raise ValueError("data_dir is read with source='alfworld'; the embedded panel lives in cache_dir")
         self.source = source
         self.cache_dir = cache_dir
         self.reward_scale = float(reward_scale)

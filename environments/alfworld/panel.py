@@ -24,7 +24,7 @@ from typing import Any
 
 from environments.alfworld.expert import TASK_TYPES
 from environments.alfworld.generator import GENERATOR_VERSION, ROOMS
-from environments.alfworld.paths import cache_root, write_cache_file
+from environments.alfworld.paths import cache_root
 
 __all__ = ["PanelSpec", "DEFAULT_SIZES", "SPLITS", "ensure_panel", "panel_dir", "read_manifest"]
 
@@ -100,6 +100,8 @@ def _make_game(job: tuple[str, str, int, str, str, str, int]) -> tuple[str, str,
     from environments.alfworld.engine import AlfredEngine
     from environments.alfworld.generator import generate_game
 
+    from agentgym_opsd.io import atomic_write_json
+
     staging, cache, seed, room, split, task_type, index = job
     if _WORKER_ENGINE is None:
         _WORKER_ENGINE = AlfredEngine()
@@ -109,8 +111,8 @@ def _make_game(job: tuple[str, str, int, str, str, str, int]) -> tuple[str, str,
     data = draft.game_data()
     data["solvable"] = True
     data["walkthrough"] = walkthrough
-    write_cache_file(folder / "traj_data.json", json.dumps(draft.traj_data(), indent=2).encode("utf-8"))
-    write_cache_file(folder / "game.tw-pddl", json.dumps(data).encode("utf-8"))
+    atomic_write_json(folder / "traj_data.json", draft.traj_data())
+    atomic_write_json(folder / "game.tw-pddl", data, indent=None)
     return split, task_type, rel, len(walkthrough)
 
 

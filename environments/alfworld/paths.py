@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["cache_root", "import_alfworld", "alfworld_package_dir", "write_cache_file"]
+__all__ = ["cache_root", "import_alfworld", "alfworld_package_dir"]
 
 
 def cache_root() -> Path:
@@ -50,25 +50,3 @@ def alfworld_package_dir() -> Path:
         raise EnvUnavailable("ALFWorld needs the `alfworld` package: pip install alfworld==0.4.2 textworld==1.7.0")
     return Path(list(spec.submodule_search_locations)[0])
 
-
-def write_cache_file(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write a cache file atomically (temp file + rename; readers see the old file or the new one).
-
-    Unlike `agentgym_opsd.io.atomic_write_bytes` it does not fsync: a cache lost to a power cut is rebuilt,
-    and generating a panel writes hundreds of files (fsync made it three times slower)."""
-    import tempfile
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -232,3 +232,5 @@ def test_bad_options_are_clear_errors(make_env) -> None:
         make_env(room="huge")
     with pytest.raises(ValueError, match="source='web'"):
         make_env(source="web")
+    with pytest.raises(ValueError, match="data_dir is read with source='alfworld'"):
+        make_env(source="embedded", data_dir="/tmp")
