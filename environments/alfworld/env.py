@@ -143,7 +143,7 @@ class AlfWorldEnv(TextEnv):
         self.instructions = INSTRUCTIONS.format(max_turns=self.max_turns)
         if source == "embedded":
             self.panel = PanelSpec.make(panel_seed, room, panel_size)
-            self.data_root = ensure_panel(self.panel, cache_dir, progress=progress) / "json_2.1.1"
+            self.data_root = ensure_panel(self.panel, cache_dir, splits=(split,), progress=progress) / "json_2.1.1"
         else:
             self.panel = None
             self.data_root = resolve_data_root(data_dir)

@@ -1,14 +1,16 @@
 """The embedded panel: a fixed set of generated games, built on first use and cached.
 
 `ensure_panel(PanelSpec())` returns a folder laid out like ALFWorld's data
-(`json_2.1.1/<split>/<task_type>-<Object>-None-<Receptacle>-<scene>/<trial>/{game.tw-pddl,traj_data.json}`),
+(`json_2.1.1/<split>/<task_type>-<Object>-None-<Receptacle>-<scene>/<trial>/{game.tw-pddl,traj_data.json,
+initial_state.pddl}`),
 so the same loader reads it and alfworld's own `AlfredTWEnv` can play it too. The default panel has 20
 games per task type for `train` and 10 per type for `valid_seen` and `valid_unseen` (240 games).
 
 It lives in `<cache>/<GENERATOR_VERSION>-<seed>[-<room>][-n<train>-<seen>-<unseen>]/`, with `<cache>` =
 `$AGENTGYM_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`. It is generated once: into a staging
 folder, under a file lock (concurrent processes wait for the first), renamed into place when complete,
-and marked by `panel.json` (sizes, seconds, the game list).
+and marked by `<split>.json` (sizes, seconds, the game list). Each split is generated on its first
+use, so training (`train`) does not wait for the evaluation splits.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ __all__ = ["PanelSpec", "DEFAULT_SIZES", "SPLITS", "ensure_panel", "panel_dir", 
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 DEFAULT_SIZES = {"train": 20, "valid_seen": 10, "valid_unseen": 10}
-MANIFEST = "panel.json"
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,10 @@ def _root(root: str | os.PathLike[str] | None) -> Path:
     return Path(root).expanduser() if root is not None else cache_root()
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
+def read_manifest(folder: Path, split: str) -> dict[str, Any] | None:
+    """The manifest of a generated split (`<panel>/<split>.json`), or None while it is not generated."""
     try:
-        return json.loads((folder / MANIFEST).read_text())
+        return json.loads((folder / f"{split}.json").read_text())
     except (OSError, ValueError):
         return None
 
@@ -100,7 +102,7 @@ def _make_game(job: tuple[str, str, int, str, str, str, int]) -> tuple[str, str,
     from environments.alfworld.engine import AlfredEngine
     from environments.alfworld.generator import generate_game
 
-    from agentgym_opsd.io import atomic_write_json
+    from agentgym_opsd.io import atomic_write_json, atomic_write_text
 
     staging, cache, seed, room, split, task_type, index = job
     if _WORKER_ENGINE is None:
@@ -112,14 +114,15 @@ def _make_game(job: tuple[str, str, int, str, str, str, int]) -> tuple[str, str,
     data["solvable"] = True
     data["walkthrough"] = walkthrough
     atomic_write_json(folder / "traj_data.json", draft.traj_data())
+    atomic_write_text(folder / "initial_state.pddl", draft.problem)  # what alfworld-generate starts from
     atomic_write_json(folder / "game.tw-pddl", data, indent=None)
     return split, task_type, rel, len(walkthrough)
 
 
-def _jobs(spec: PanelSpec, staging: Path, cache: Path) -> list[tuple[str, str, int, str, str, str, int]]:
+def _jobs(spec: PanelSpec, splits: list[str], staging: Path, cache: Path) -> list[tuple[str, str, int, str, str, str, int]]:
     return [
         (str(staging), str(cache), spec.seed, spec.room, split, task_type, index)
-        for split in SPLITS
+        for split in splits
         for task_type in TASK_TYPES
         for index in range(spec.size(split))
     ]
@@ -129,50 +132,68 @@ def ensure_panel(
     spec: PanelSpec,
     root: str | os.PathLike[str] | None = None,
     *,
+    splits: tuple[str, ...] | list[str] | None = None,
     workers: int | None = None,
     progress: bool = True,
 ) -> Path:
-    """The panel's folder (the one holding `json_2.1.1/`), generating it first if needed.
+    """The panel's folder (the one holding `json_2.1.1/`), generating the requested splits first if needed.
+
+    Each split is generated on its first use (training needs only `train`): into a staging folder,
+    moved into place when complete, then marked by its manifest `<panel>/<split>.json`. A file lock makes
+    concurrent processes wait for the one that generates.
 
     Args:
         spec: which panel.
         root: the cache folder (default `$AGENTGYM_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`).
-        workers: processes for generation (default: the machine's cores for big panels, 1 for small).
+        splits: the splits needed (default: all three).
+        workers: processes for generation (default: the machine's cores for big jobs, 1 for small ones).
         progress: show a tqdm bar while generating.
     """
-    base = _root(root)
+    wanted = list(SPLITS if splits is None else splits)
+    unknown = set(wanted) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"unknown splits {sorted(unknown)}; use {', '.join(SPLITS)}")
     folder = panel_dir(spec, root)
-    if read_manifest(folder) is not None:
+    if all(read_manifest(folder, s) is not None for s in wanted):
         return folder
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / f".{spec.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be generating the same panel: wait for it
-        if read_manifest(folder) is not None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be generating this panel: wait for it
+        missing = [s for s in wanted if read_manifest(folder, s) is None]
+        if not missing:
             return folder
-        if folder.exists():  # left by a crash before the manifest was written
-            shutil.rmtree(folder)
-        staging = base / f".{spec.name}.staging-{os.getpid()}"
+        staging = folder / f".staging-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            manifest = _generate(spec, staging, base, workers=workers, progress=progress)
+            manifests = _generate(spec, missing, staging, _root(root), workers=workers, progress=progress)
             from agentgym_opsd.io import atomic_write_json
 
-            atomic_write_json(staging / MANIFEST, manifest)
-            os.replace(staging, folder)
+            for split in missing:
+                target = folder / "json_2.1.1" / split
+                if target.exists():  # left by a crash before the manifest was written
+                    shutil.rmtree(target)
+                source = staging / "json_2.1.1" / split
+                if source.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(source, target)
+                atomic_write_json(folder / f"{split}.json", manifests[split])
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return folder
 
 
-def _generate(spec: PanelSpec, staging: Path, cache: Path, *, workers: int | None, progress: bool) -> dict[str, Any]:
+def _generate(
+    spec: PanelSpec, splits: list[str], staging: Path, cache: Path, *, workers: int | None, progress: bool
+) -> dict[str, dict[str, Any]]:
     from tqdm import tqdm
 
-    jobs = _jobs(spec, staging, cache)
+    jobs = _jobs(spec, splits, staging, cache)
     if workers is None:
         workers = 1 if len(jobs) < 40 else max(1, min(os.cpu_count() or 1, 8))
     started = time.perf_counter()
     results: list[tuple[str, str, str, int]] = []
-    bar = tqdm(total=len(jobs), desc=f"generating ALFWorld panel {spec.name}", disable=not progress, unit="game")
+    label = f"generating ALFWorld games {spec.name} ({', '.join(splits)})"
+    bar = tqdm(total=len(jobs), desc=label, disable=not progress or not jobs, unit="game")
     try:
         if workers <= 1:
             for job in jobs:
@@ -184,21 +205,25 @@ def _generate(spec: PanelSpec, staging: Path, cache: Path, *, workers: int | Non
                 bar.update(1)
     finally:
         bar.close()
-    games: dict[str, dict[str, list[str]]] = {s: {t: [] for t in TASK_TYPES} for s in SPLITS}
-    steps: dict[str, list[int]] = {t: [] for t in TASK_TYPES}
-    for split, task_type, rel, n in sorted(results):
-        games[split][task_type].append(rel)
-        steps[task_type].append(n)
-    return {
-        "generator_version": GENERATOR_VERSION,
-        "seed": spec.seed,
-        "room": spec.room,
-        "sizes": dict(spec.sizes),
-        "seconds": round(time.perf_counter() - started, 2),
-        "workers": workers,
-        "mean_walkthrough": {t: round(sum(v) / len(v), 2) if v else None for t, v in steps.items()},
-        "games": games,
-    }
+    seconds = round(time.perf_counter() - started, 2)
+    manifests: dict[str, dict[str, Any]] = {}
+    for split in splits:
+        games = {t: sorted(rel for s, tt, rel, _ in results if s == split and tt == t) for t in TASK_TYPES}
+        steps = {t: [n for s, tt, _, n in results if s == split and tt == t] for t in TASK_TYPES}
+        manifests[split] = {
+            "generator_version": GENERATOR_VERSION,
+            "seed": spec.seed,
+            "room": spec.room,
+            "split": split,
+            "games_per_type": spec.size(split),
+            "seconds_for_this_run": seconds,
+            "splits_in_this_run": list(splits),
+            "games_in_this_run": len(jobs),
+            "workers": workers,
+            "mean_walkthrough": {t: round(sum(v) / len(v), 2) if v else None for t, v in steps.items()},
+            "games": games,
+        }
+    return manifests
 
 
 def _run_workers(jobs: list[tuple], workers: int):

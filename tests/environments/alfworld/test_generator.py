@@ -90,14 +90,17 @@ def test_drafts_never_crash_and_mostly_succeed() -> None:
     assert made >= 45
 
 
-def test_panel_is_built_once_in_alfworld_layout(tmp_path: Path) -> None:
+def test_panel_splits_are_built_once_on_first_use_in_alfworld_layout(tmp_path: Path) -> None:
     spec = PanelSpec.make(seed=5, room="small", sizes={"train": 1, "valid_seen": 0, "valid_unseen": 1})
-    folder = ensure_panel(spec, tmp_path, progress=False)
+    folder = ensure_panel(spec, tmp_path, splits=("train",), progress=False)
     assert folder == panel_dir(spec, tmp_path) and folder.name == "g1-5-small-n1-0-1"
-    manifest = read_manifest(folder)
-    assert manifest["sizes"] == {"train": 1, "valid_seen": 0, "valid_unseen": 1}
+    assert read_manifest(folder, "train") is not None
+    assert read_manifest(folder, "valid_unseen") is None  # not needed yet, not generated
+    assert ensure_panel(spec, tmp_path, progress=False) == folder
     root = folder / "json_2.1.1"
     for split, n in (("train", 6), ("valid_seen", 0), ("valid_unseen", 6)):
+        manifest = read_manifest(folder, split)
+        assert manifest["games_per_type"] == n // 6 and manifest["split"] == split
         games = discover_games(root, split)
         assert len(games) == n
         assert sorted(e.task_type for e in games) == (sorted(TASK_TYPES) if n else [])
@@ -105,12 +108,13 @@ def test_panel_is_built_once_in_alfworld_layout(tmp_path: Path) -> None:
             traj = read_traj_data(entry.folder)
             data = json.loads(entry.game_file.read_text())
             assert data["solvable"] is True and data["walkthrough"]
+            assert (entry.folder / "initial_state.pddl").read_text() == data["pddl_problem"]
             assert entry.folder.parent.name.startswith(traj["task_type"] + "-" + traj["pddl_params"]["object_target"])
-            assert entry.task_id in manifest["games"][split][entry.task_type]
-    stamp = (folder / "panel.json").stat().st_mtime_ns
+            assert entry.task_id in manifest["games"][entry.task_type]
+    stamp = (folder / "train.json").stat().st_mtime_ns
     assert ensure_panel(spec, tmp_path, progress=False) == folder
-    assert (folder / "panel.json").stat().st_mtime_ns == stamp  # cached, not generated again
-    assert not list(tmp_path.glob(".*staging*"))
+    assert (folder / "train.json").stat().st_mtime_ns == stamp  # cached, not generated again
+    assert not list(folder.glob(".staging*"))
 
 
 def test_alfworlds_own_env_plays_the_generated_games(make_env, alfred_tw_env) -> None:
