@@ -19,7 +19,7 @@ of per-game work once:
 - the command string of an operator depends only on static facts in the ALFRED grammar, so it is
   rendered once per operator and cached.
 
-`tests/environments/alfworld/test_engine_parity.py` plays real and generated games side by side with
+`tests/environments/alfworld/test_parity.py` plays real and generated games side by side with
 alfworld's `AlfredTWEnv` / TextWorld's `PddlEnv` and checks the observations, admissible commands and
 `won` are identical.
 """

@@ -38,7 +38,6 @@ import json
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from environments.alfworld.expert import TASK_TYPES, TaskSpec, World, plan

@@ -16,7 +16,6 @@ import re
 import shutil
 from pathlib import Path
 
-import pytest
 
 from environments.alfworld.engine import compile_game, modernize_game_data
 from environments.alfworld.env import AlfWorldEnv
