@@ -26,8 +26,8 @@ EXAMPLE_PLUGIN = Path(__file__).resolve().parent / "data" / "example_plugin"
 
 # alfworld writes to ~/.cache/alfworld at import unless ALFWORLD_DATA is set.
 os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "alfworld"))
-# Generated data (the ALFWorld panel, engine translations) goes to a test cache, not ~/.cache.
-os.environ.setdefault("AGENTGYM_CACHE", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "cache"))
+# Generated data (the ALFWorld panel and engine translations, the WebShop index) goes to a test cache, not ~/.cache.
+os.environ.setdefault("AGENTGYM_OPSD_CACHE", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "cache"))
 
 if str(EXAMPLE_PLUGIN) not in sys.path:
     sys.path.insert(0, str(EXAMPLE_PLUGIN))

@@ -473,7 +473,7 @@ def compile_game(
             `modernize_game_data`).
         disk_cache: keep fast-downward's translation under `<cache>/compiled/<game hash>.json.gz`, so that
             a game is translated once per machine rather than once per process.
-        cache_dir: `<cache>` (default `$AGENTGYM_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`).
+        cache_dir: `<cache>` (default `$AGENTGYM_OPSD_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`).
     """
     data = read_game_file(source) if not isinstance(source, Mapping) else dict(source)
     modernized = False

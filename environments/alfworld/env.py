@@ -92,7 +92,7 @@ class AlfWorldEnv(TextEnv):
         panel_seed, room, panel_size: which embedded panel (see `panel.PanelSpec`): `room="small"` gives
             rooms of at most 6 receptacles (short episodes for fast RL); `panel_size` is games per type,
             one number or a dict per split (default 20 train, 10 valid_seen, 10 valid_unseen).
-        cache_dir: where panels and engine translations are cached (default `$AGENTGYM_CACHE/alfworld` or
+        cache_dir: where panels and engine translations are cached (default `$AGENTGYM_OPSD_CACHE/alfworld` or
             `~/.cache/agentgym-opsd/alfworld`).
         reward_scale: the reward for solving the task.
         admissible_in_observation: append the admissible commands to every observation.

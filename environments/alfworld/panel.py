@@ -7,7 +7,7 @@ so the same loader reads it and alfworld's own `AlfredTWEnv` can play it too. Th
 games per task type for `train` and 10 per type for `valid_seen` and `valid_unseen` (240 games).
 
 It lives in `<cache>/<GENERATOR_VERSION>-<seed>[-<room>][-n<train>-<seen>-<unseen>]/`, with `<cache>` =
-`$AGENTGYM_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`. It is generated once: into a staging
+`$AGENTGYM_OPSD_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`. It is generated once: into a staging
 folder, under a file lock (concurrent processes wait for the first), renamed into place when complete,
 and marked by `<split>.json` (sizes, seconds, the game list). Each split is generated on its first
 use, so training (`train`) does not wait for the evaluation splits.
@@ -144,7 +144,7 @@ def ensure_panel(
 
     Args:
         spec: which panel.
-        root: the cache folder (default `$AGENTGYM_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`).
+        root: the cache folder (default `$AGENTGYM_OPSD_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`).
         splits: the splits needed (default: all three).
         workers: processes for generation (default: the machine's cores for big jobs, 1 for small ones).
         progress: show a tqdm bar while generating.

@@ -1,6 +1,6 @@
 """Where ALFWorld files live: the cache of generated games, the user's data, and alfworld's own imports.
 
-- Generated panels go to `$AGENTGYM_CACHE/alfworld/` (default `~/.cache/agentgym-opsd/alfworld/`).
+- Generated panels go to `$AGENTGYM_OPSD_CACHE/alfworld/` (default `~/.cache/agentgym-opsd/alfworld/`).
 - Real data is read from `data_dir=` or `$ALFWORLD_DATA` (ALFWorld's `json_2.1.1/` layout).
 - Importing any `alfworld` module runs `alfworld.info`, which creates `$ALFWORLD_DATA` (default
   `~/.cache/alfworld`). `import_alfworld` points it at our cache first when the user has not set it, so
@@ -18,8 +18,8 @@ __all__ = ["cache_root", "import_alfworld", "alfworld_package_dir"]
 
 
 def cache_root() -> Path:
-    """`$AGENTGYM_CACHE/alfworld`, or `~/.cache/agentgym-opsd/alfworld`."""
-    base = os.environ.get("AGENTGYM_CACHE")
+    """`$AGENTGYM_OPSD_CACHE/alfworld`, or `~/.cache/agentgym-opsd/alfworld`."""
+    base = os.environ.get("AGENTGYM_OPSD_CACHE")
     root = Path(base).expanduser() if base else Path.home() / ".cache" / "agentgym-opsd"
     return root / "alfworld"
 
