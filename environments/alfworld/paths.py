@@ -14,14 +14,14 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+from agentgym_opsd.paths import cache_dir
+
 __all__ = ["cache_root", "import_alfworld", "alfworld_package_dir"]
 
 
 def cache_root() -> Path:
     """`$AGENTGYM_OPSD_CACHE/alfworld`, or `~/.cache/agentgym-opsd/alfworld`."""
-    base = os.environ.get("AGENTGYM_OPSD_CACHE")
-    root = Path(base).expanduser() if base else Path.home() / ".cache" / "agentgym-opsd"
-    return root / "alfworld"
+    return cache_dir("alfworld")
 
 
 def import_alfworld(module: str) -> ModuleType:
