@@ -1,8 +1,8 @@
 """Env worker pool throughput: episodes per second in-process and with 1, 2 and 4 worker processes.
 
-Two envs: a CPU-bound one (Tally from tests/data/bench_plugin, each step computing for `--work`
-seconds: what a heavy simulator costs) and WebShop on its built-in catalog (a real env: page
-rendering and Lucene search per step). The expert plays, so the agent costs next to nothing and
+Three envs: a CPU-bound one (Tally from tests/data/bench_plugin, each step computing for `--work`
+seconds: what a heavy simulator costs), ALFWorld on its embedded panel (the TextWorld PDDL engine)
+and WebShop on its built-in catalog (page rendering and Lucene search per step). The expert plays, so the agent costs next to nothing and
 the figures are the envs' and the pool's. Throughput should grow with workers up to the cores.
 
     .venv/bin/python benchmarks/env_pool.py [--episodes 64] [--work 0.004] [--workers 1 2 4]
@@ -52,7 +52,13 @@ def main() -> None:
     args = parser.parse_args()
     agentgym_opsd.load_plugins(reload=True)
     envs = {"Tally (CPU-bound, %.0f ms/step)" % (1000 * args.work): EnvFactory("benchtest/Tally-Large-v0", {"work": args.work, "tasks": 1000})}
-    if any(e.id == "agentgym/WebShop-v0" for e in registered_envs()):
+    ids = {e.id for e in registered_envs()}
+    if "agentgym/ALFWorld-All-v0" in ids:
+        panel = {"train": 8, "valid_seen": 0, "valid_unseen": 0}
+        envs["ALFWorld (TextWorld engine)"] = EnvFactory(
+            "agentgym/ALFWorld-All-v0", {"split": "train", "room": "small", "panel_size": panel, "progress": False}
+        )
+    if "agentgym/WebShop-v0" in ids:
         envs["WebShop (built-in catalog)"] = EnvFactory("agentgym/WebShop-v0", {"split": "train"})
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"cores: {os.cpu_count()}; load average {load} (other processes share the cores); {args.episodes} expert episodes per row")

@@ -16,15 +16,15 @@ from agentgym_opsd import EpisodeRequest, run_episodes
 from agentgym_opsd.agents import AgentError, make_agent
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN = REPO / "tests" / "data" / "example_plugin"
 TOKENIZER = REPO.parent / "shared" / "data" / "tokenizers" / "qwen3"
 MAX_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
-def guess_env():
-    """The example plug-in env (registered by tests/conftest.py through its entry point)."""
-    return lambda: agentgym_opsd.make("example/GuessNumber-v0", max_turns=3)
+def alfworld_env(contract_options_alfworld):
+    """ALFWorld Pick on the small test panel (tests/conftest.py), 3 turns per episode."""
+    options = {**contract_options_alfworld, "split": "train", "max_turns": 3}
+    return lambda: agentgym_opsd.make("agentgym/ALFWorld-Pick-v0", **options)
 
 
 @pytest.fixture(scope="module")
@@ -113,23 +113,23 @@ def _local_turns(model_path: Path, episode, seed: int):
     return out
 
 
-def test_openai_agent_plays_episodes_against_serve_policy(server, tiny_qwen3, guess_env):
+def test_openai_agent_plays_episodes_against_serve_policy(server, tiny_qwen3, alfworld_env):
     agent = make_agent(f"openai:{server}#tiny?max_tokens={MAX_TOKENS}&temperature=1", seed=7)
-    episodes = run_episodes(guess_env, agent, [EpisodeRequest(seed=s) for s in range(3)], num_envs=3, progress=False)
+    episodes = run_episodes(alfworld_env, agent, [EpisodeRequest(seed=s) for s in range(3)], num_envs=3, progress=False)
     assert len(episodes) == 3
     for episode in episodes:
         assert episode.error is None
-        assert episode.num_turns == 3 and episode.turns[-1].truncated  # a random model never guesses right
+        assert episode.num_turns == 3 and episode.turns[-1].truncated  # a random model does not solve ALFWorld
         # Every turn is exactly what this model samples for that prompt and that turn's seed: the
         # HTTP round trip (chat template, sampling, decoding) changed nothing.
         assert [t.response for t in episode.turns] == _local_turns(tiny_qwen3, episode, seed=7)
     responses = [t.response for e in episodes for t in e.turns]
     assert len(set(responses)) == len(responses)  # seeds differ per episode and turn
     # Replaying with the same agent seed gives the same episodes; another seed, other text.
-    again = run_episodes(guess_env, agent, [EpisodeRequest(seed=s) for s in range(3)], num_envs=1, progress=False)
+    again = run_episodes(alfworld_env, agent, [EpisodeRequest(seed=s) for s in range(3)], num_envs=1, progress=False)
     assert [e.to_dict() for e in again] == [e.to_dict() for e in episodes]
     other = make_agent(f"openai:{server}#tiny?max_tokens={MAX_TOKENS}", seed=8)
-    assert run_episodes(guess_env, other, [EpisodeRequest(seed=0)], progress=False)[0].turns[0].response != episodes[0].turns[0].response
+    assert run_episodes(alfworld_env, other, [EpisodeRequest(seed=0)], progress=False)[0].turns[0].response != episodes[0].turns[0].response
 
 
 def test_serve_policy_answers_bad_requests_with_4xx(server):
