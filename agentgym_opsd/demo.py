@@ -189,11 +189,19 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
             views = ("grpo",) if method == "grpo" else ("stepopsd", "agentopsd")
 
             def record_credit(trainer: Any, episodes: list, run_dir: Path = run_dir, views: tuple = views) -> None:
-                if trainer.step + 1 == trainer.config.steps:  # the last update: keep what its credit was
-                    played = [e for e in episodes if e.error is None]
-                    from agentgym_opsd.io import append_jsonl
+                """After the last update's rollout: the credit that update assigns, per turn."""
+                if trainer.step + 1 != trainer.config.steps:
+                    return
+                from agentgym_opsd.io import append_jsonl
 
-                    append_jsonl(run_dir / "credit.jsonl", credit_records(trainer, played, views, update=trainer.step + 1))
+                cfg = trainer.config
+                records = credit_records(
+                    [e for e in episodes if e.error is None], policy=trainer.model, teacher=trainer.teacher(),
+                    tokenizer=trainer.tokenizer, env_id=cfg.env_id, methods=views, step=trainer.step,
+                    update=trainer.step + 1, overrides={cfg.method: dict(cfg.credit)},
+                    chat_template_kwargs=cfg.chat_template_kwargs, micro_batch_tokens=cfg.micro_batch_tokens,
+                )
+                append_jsonl(run_dir / "credit.jsonl", records)
 
             trainer.hooks["after_rollout"].append(record_credit)
             trainer.run()
@@ -205,12 +213,36 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
 # Per-turn credit of one update, in the report's format (agentgym_opsd/report/credit.py).
 
 
-def credit_records(trainer: Any, episodes: list, methods: Sequence[str], *, update: int) -> list[dict[str, Any]]:
-    """What each credit method gives each turn of `episodes`, computed as the trainer's update does:
-    the same rows, the policy's log-probs (lp_S), the trainer's teacher with privileged context
-    (lp_T), and the credit core (`trainer.credit`) for the advantages and their per-turn parts.
+def credit_records(
+    episodes: Sequence[Any],
+    *,
+    policy: Any,
+    teacher: Any,
+    tokenizer: Any,
+    env_id: str,
+    methods: Sequence[str],
+    step: int = 0,
+    update: int | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    micro_batch_tokens: int = 16384,
+) -> list[dict[str, Any]]:
+    """What each credit method gives each turn of `episodes`, computed as a trainer's update does:
+    token rows (`trainer.rows.build_rows`), the policy's log-probs lp_S, the teacher's log-probs lp_T
+    with privileged context (`trainer.teacher.score_teacher`), and the credit core for the advantages
+    (`compute_advantages`) and their per-turn parts (gap e_k, StepOPSD token weights w_t, AgentOPSD
+    belief B_k, dB_k and turn weight w_k) from the core's own functions.
 
-    Returns `credit.jsonl` records: one per episode and method (see `agentgym_opsd.report.credit`).
+    Args:
+        episodes: finished episodes of complete groups (GRPO normalizes within groups).
+        policy, teacher: the student and teacher causal LMs (the same model for a `live` teacher).
+        methods: credit methods to record (e.g. `("stepopsd", "agentopsd")`).
+        step: the update number (StepOPSD's lam_t schedule).
+        update: stored in each record, to match the trainer's `episodes/update_NNNNN.jsonl`.
+        overrides: `CreditConfig` overrides per method.
+
+    Returns:
+        `credit.jsonl` records: one per episode and method (see `agentgym_opsd.report.credit`).
     """
     import torch
 
@@ -221,32 +253,28 @@ def credit_records(trainer: Any, episodes: list, methods: Sequence[str], *, upda
     from trainer.credit.grpo import broadcast_to_tokens, grpo_episode_advantage
     from trainer.credit.stepopsd import token_weights
     from trainer.rows import build_rows
-    from trainer.teacher import score_teacher
+    from trainer.teacher import row_logprobs, score_teacher
 
+    episodes = list(episodes)
     if not episodes:
         return []
-    tokenizer = trainer.tokenizer
     records = []
     for method in methods:
-        overrides = trainer.config.credit if method == trainer.config.method else {}
-        config = CreditConfig.for_env(trainer.config.env_id, method, **overrides)
-        rows = build_rows(list(episodes), tokenizer, span_mode=config.span_mode,
-                          chat_template_kwargs=trainer.config.chat_template_kwargs,
-                          max_length=getattr(trainer.model.config, "max_position_embeddings", None))
-        lp_student = trainer.logprobs(trainer.model, rows)
+        config = CreditConfig.for_env(env_id, method, **(overrides or {}).get(method, {}))
+        rows = build_rows(episodes, tokenizer, span_mode=config.span_mode, chat_template_kwargs=chat_template_kwargs or {},
+                          max_length=getattr(policy.config, "max_position_embeddings", None))
+        lp_student = row_logprobs(policy, rows, micro_batch_tokens=micro_batch_tokens)                    # lp_S
         if config.needs_teacher:
-            scores = score_teacher(trainer.teacher(), tokenizer, list(episodes), rows, config,
-                                   micro_batch_tokens=trainer.config.micro_batch_tokens)
-            batch = rows.credit_batch(lp_student, scores.logprobs, scores.scored, scores.truncated)
+            scores = score_teacher(teacher, tokenizer, episodes, rows, config, micro_batch_tokens=micro_batch_tokens)
+            batch = rows.credit_batch(lp_student, scores.logprobs, scores.scored, scores.truncated)         # lp_T
         else:
             batch = rows.credit_batch(lp_student)
-        advantages, _ = compute_advantages(batch, config, trainer.step, diagnostics=False)
+        advantages, _ = compute_advantages(batch, config, step, diagnostics=False)                         # A~
         layout = TurnLayout.of(batch)
         A_episode = grpo_episode_advantage(episode_rewards(batch, config), batch.episode_group, config.adv_eps)  # A_i
         A = broadcast_to_tokens(A_episode, layout)
-        tilde = layout.take(advantages)                                                                   # A~_t
-        turn_adv = layout.turn_sum(tilde) / layout.turn_count().clamp(min=1)
-        gap = weights = belief = d_belief = turn_w = None
+        turn_adv = layout.turn_sum(layout.take(advantages)) / layout.turn_count().clamp(min=1)            # mean A~ of turn k
+        gap = weights = delta = belief = d_belief = turn_w = None
         if config.needs_teacher:
             scored = layout.span if batch.teacher_scored is None else layout.span & layout.take(batch.teacher_scored)
             delta = token_gap(layout.take(batch.teacher_logprobs), layout.take(batch.student_logprobs), scored, config.max_abs_gap)
@@ -258,10 +286,7 @@ def credit_records(trainer: Any, episodes: list, methods: Sequence[str], *, upda
                 B = belief_path(belief_prior(prior, batch.episode_group, config.eps0), gap, layout.exists, config.belief_gamma)
                 belief, d_belief = B[:, 1:], B[:, 1:] - B[:, :-1]                                         # B_k, dB_k
                 turn_w, _ = turn_weights(d_belief, torch.sign(A_episode), layout.exists, config.b)        # w_k
-        # The scored tokens of each turn, in order, with their text: the heat map's cells.
-        rows_of = torch.div(layout.index, layout.T, rounding_mode="trunc")
-        cols_of = layout.index % layout.T
-        token_ids = rows.input_ids[rows_of, cols_of]
+        token_ids = rows.input_ids.reshape(-1)[layout.index]
         for e, episode in enumerate(episodes):
             K = episode.num_turns
             spans: list[Any] = [None] * K
@@ -278,8 +303,7 @@ def credit_records(trainer: Any, episodes: list, methods: Sequence[str], *, upda
             def column(table: Any, e: int = e, K: int = K) -> list[float | None] | None:
                 if table is None:
                     return None
-                values = [float(v) for v in table[e, :K].tolist()]
-                return [v if math.isfinite(v) else None for v in values]
+                return [v if math.isfinite(v) else None for v in (float(x) for x in table[e, :K].tolist())]
 
             record = credit_record(
                 advantage=float(A_episode[e]), turns=K, gap=column(gap), turn_advantage=column(turn_adv),
