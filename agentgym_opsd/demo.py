@@ -17,6 +17,7 @@ own bar below it.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,7 +138,8 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
                     ],
                 }
             )
-            run_bench(config, out, progress=progress, report=False)
+            # The server's port changes from run to run, so a second demo starts its benchmark over.
+            run_bench(config, out, restart=True, progress=progress, report=False)
             stages.done()
         finally:
             server.stop()
@@ -169,7 +171,8 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
     )
     stages.start("warm start")
     warm = out / "warmstart"
-    if not (warm / "model" / "config.json").exists():
+    if not (warm / "report.json").exists():
+        shutil.rmtree(warm, ignore_errors=True)  # what an interrupted demo left
         config = TrainConfig(
             out=str(warm), method="grpo", model="tiny", tokenizer="trained", vocab_size=settings.vocab_size,
             sft_episodes=settings.sft_episodes, sft_epochs=settings.sft_epochs, steps=0, save_every=0, **common,
@@ -180,6 +183,7 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
         stages.start(label)
         run_dir = out / "training" / method
         if not (run_dir / "report.json").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
             config = TrainConfig(
                 out=str(run_dir), method=method, model=str(warm / "model"), steps=settings.steps,
                 tasks_per_step=settings.tasks_per_step, group_size=settings.group_size, eval_every=settings.steps,
