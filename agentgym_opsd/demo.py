@@ -34,17 +34,17 @@ SEARCHQA_ENV = "agentgym/SearchQA-Synthetic-v0"
 class DemoSettings:
     """The demo's sizes (`quick` shrinks them for a smoke test)."""
 
-    panel_train: int = 8  # ALFWorld games per task type, train split (the trainer's tasks)
-    panel_eval: int = 4  # per task type, valid_seen split (the benchmark's tasks and the held-out panel)
+    panel_train: int = 16  # ALFWorld games per task type, train split (the trainer's tasks)
+    panel_eval: int = 5  # per task type, valid_seen split (the benchmark's tasks and the held-out panel)
     max_turns: int = 15  # ALFWorld turns before truncation (the small rooms' expert needs 3-12)
     searchqa_episodes: int = 12
-    sft_episodes: int = 48
-    sft_epochs: int = 4
-    steps: int = 3
+    sft_episodes: int = 96
+    sft_epochs: int = 6
+    steps: int = 4
     tasks_per_step: int = 2
     group_size: int = 4
     max_new_tokens: int = 24
-    eval_episodes: int = 8
+    eval_episodes: int = 10
     vocab_size: int = 1024
     workers: int = 2
 
