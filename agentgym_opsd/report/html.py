@@ -343,9 +343,11 @@ def render_report(data: RunData) -> str:
         nav.append('<a href="#training">Training</a>')
     if viewer:
         sections.append(
-            '<section id="trajectories"><h2>Trajectories</h2><p class="note">Each turn: the agent\'s response '
-            "(its scored action tokens coloured by their StepOPSD weight w<sub>t</sub> where the trainer recorded "
-            "them), the per-turn credit, and the env's observation.</p>"
+            '<section id="trajectories"><h2>Trajectories</h2><p class="note">Each turn: the agent\'s response, '
+            "the per-turn credit, and the env's observation. Where a trainer recorded StepOPSD credit, the scored "
+            "action tokens are coloured by their weight w<sub>t</sub>: green above 1 (the token takes more of the "
+            "episode's advantage: more credit when A &gt; 0, more blame when A &lt; 0), red below 1; or by the "
+            "teacher-student gap &delta;<sub>t</sub> (green: the teacher with hindsight finds the token likelier).</p>"
             '<div class="viewer"><div class="picker"><select id="filter"></select><ol id="episode-list"></ol></div>'
             '<div id="episode"></div></div></section>'
         )
