@@ -1,26 +1,24 @@
 """Fixtures of the OpenRLHF bridge suite (`make test-openrlhf`, its own venv: .venv-openrlhf).
 
-The suite runs the REAL OpenRLHF 0.11.2 classes (agent executor base, samples generator, experience
-maker, `Experience`, `Actor`, `PolicyLoss`, the `train_ppo_ray` argument parser). OpenRLHF is
-installed with `--no-deps` plus all its requirements except two that cannot be installed on a
-CPU-only machine:
+The suite runs the REAL OpenRLHF 0.11.2 classes (agent-executor loader, samples generator,
+experience maker, `Experience`, `RayActorGroup`, `Actor`, `PolicyLoss`, the `train_ppo_ray` argument
+parser and checks). OpenRLHF is installed with `--no-deps` plus all its requirements except two that
+cannot be installed on a CPU-only machine:
 
 - flash-attn: a CUDA source build (OpenRLHF pins flash-attn==2.8.3);
 - vllm: pins a CUDA build of torch, and serves generation on GPUs only.
 
-OpenRLHF imports both at module import time, so this conftest puts small STAND-IN modules for them
-in `sys.modules` (only when the real ones are not importable). The stand-ins provide the names
-OpenRLHF imports; the flash-attn functions raise if ever called (nothing on the CPU path calls them),
-and vLLM's `SamplingParams` is a plain attribute holder. Generation in these tests comes from a real
-transformers model behind `trainer.openrlhf.hf_engine.HFAsyncEngine`, not from vLLM.
+OpenRLHF imports both at module import time, so this conftest STUBS them: it puts the stand-in
+packages in tests/openrlhf/stand_ins on `sys.path` and `PYTHONPATH` (Ray workers import OpenRLHF
+too), and only when the real packages are missing. See stand_ins/README.md. Generation comes from a
+real transformers model behind `trainer.openrlhf.hf_engine.HFAsyncEngine`, never from a stand-in.
 """
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
+import os
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 QWEN3_TOKENIZER = REPO.parent / "shared" / "data" / "tokenizers" / "qwen3"
 EXAMPLE_PLUGIN = REPO / "tests" / "data" / "example_plugin"
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
 
 if importlib.util.find_spec("openrlhf") is None:
     pytest.skip(
@@ -36,63 +35,14 @@ if importlib.util.find_spec("openrlhf") is None:
     )
 
 
-def _stand_in(name: str, **attrs) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__dict__.update(attrs)
-    # A spec (with no loader) so `importlib.util.find_spec` answers; transformers then looks for
-    # the distribution's metadata, finds none, and keeps treating flash-attn as unavailable.
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-    module.__agentgym_stand_in__ = True
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, module)
-    return module
-
-
-def _unavailable(what: str):
-    def call(*args, **kwargs):
-        raise RuntimeError(f"{what} is a CPU-test stand-in (tests/openrlhf/conftest.py); it needs a GPU install")
-
-    call.__name__ = what.rsplit(".", 1)[-1]
-    return call
-
-
 def install_stand_ins() -> list[str]:
-    """Stand-in flash_attn and vllm modules, where the real ones are missing. Returns what was stubbed."""
-    stubbed = []
-    if importlib.util.find_spec("flash_attn") is None:
-        _stand_in("flash_attn", __version__="2.8.3")
-        _stand_in(
-            "flash_attn.bert_padding",
-            **{n: _unavailable(f"flash_attn.bert_padding.{n}") for n in ("index_first_axis", "pad_input", "rearrange", "unpad_input")},
-        )
-        _stand_in("flash_attn.utils")
-        _stand_in("flash_attn.utils.distributed", all_gather=_unavailable("flash_attn.utils.distributed.all_gather"))
-        stubbed.append("flash_attn")
-    if importlib.util.find_spec("vllm") is None:
-
-        class SamplingParams:
-            """vLLM's sampling parameters, as a plain attribute holder."""
-
-            def __init__(self, **kwargs):
-                defaults = dict(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=16, min_tokens=0,
-                                skip_special_tokens=True, logprobs=None, n=1)
-                defaults.update(kwargs)
-                self.__dict__.update(defaults)
-
-            def __repr__(self):
-                return f"SamplingParams({self.__dict__})"
-
-        class TokensPrompt(dict):
-            pass
-
-        _stand_in("vllm", __version__="0.29.0", SamplingParams=SamplingParams,
-                  AsyncEngineArgs=_unavailable("vllm.AsyncEngineArgs"), AsyncLLMEngine=_unavailable("vllm.AsyncLLMEngine"))
-        _stand_in("vllm.inputs", TokensPrompt=TokensPrompt)
-        _stand_in("vllm.utils", random_uuid=lambda: __import__("uuid").uuid4().hex)
-        stubbed.append("vllm")
-    return stubbed
+    """Put the stand-in flash_attn and vllm on the import path where the real ones are missing."""
+    missing = [name for name in ("flash_attn", "vllm") if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.path.insert(0, str(STAND_INS))
+        paths = [str(STAND_INS), str(EXAMPLE_PLUGIN)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    return missing
 
 
 STUBBED = install_stand_ins()

@@ -1,0 +1,231 @@
+"""The experience maker subclass on real OpenRLHF 0.11.2 classes: rollouts from the agent executor
+become `Experience`s through the stock samples generator code, the stock `make_experience` runs the
+student forward on a real `RayActorGroup` (one CPU actor holding OpenRLHF's `Actor`), and the
+advantages that come out are the credit core's, on generated tokens only. Then one `PolicyLoss`
+update runs on them.
+
+What cannot run here (CUDA): DeepSpeed's engine and distributed setup, so the CPU actor below
+replaces `PolicyModelActor`'s model setup and its `.cuda()` moves, and the update uses a plain torch
+optimizer instead of `ActorPPOTrainer.training_step`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trainer.openrlhf.config import BridgeConfig, TaskLabel
+from trainer.openrlhf.hf_engine import HFAsyncEngine
+from trainer.openrlhf.launch import complete_flags, parse_openrlhf_flags
+
+GROUP = 8
+SEEDS = (2, 6)  # secrets 3 and 7: the warm-started policy opens with 3 or 7, so groups mix outcomes
+MAX_LEN = 512
+
+
+def openrlhf_args(model_path):
+    """OpenRLHF's own parsed args for a small CPU-sized run (the real parser and checks)."""
+    return parse_openrlhf_flags(
+        complete_flags(
+            [
+                "--actor.model_name_or_path", str(model_path),
+                "--data.prompt_dataset", "unused.jsonl",
+                "--rollout.n_samples_per_prompt", str(GROUP),
+                "--rollout.batch_size", str(len(SEEDS)),
+                "--rollout.micro_batch_size", "3",
+                "--train.batch_size", str(GROUP * len(SEEDS)),
+                "--train.micro_batch_size", "4",
+                "--data.max_len", str(MAX_LEN),
+                "--algo.kl.use_loss", "--algo.kl.init_coef", "0",
+                "--vllm.num_engines", "1",
+                "--actor.num_gpus_per_node", "1",
+                "--ds.attn_implementation", "eager",
+            ]
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def load_actor(path, temperature=1.0):
+    """OpenRLHF's `Actor` loaded by path as `PolicyModelActor` loads it (bf16 weights), then run in fp32."""
+    from openrlhf.models import Actor
+
+    actor = Actor(str(path), attn_implementation="eager", param_dtype="bf16", temperature=temperature)
+    actor.model.float()
+    return actor
+
+
+def make_actor_group(model_path):
+    """A real `RayActorGroup` of one CPU actor that serves `forward` like `PolicyModelActor`."""
+    import sys
+
+    import ray
+    from openrlhf.trainer.ray.launcher import BaseModelActor, RayActorGroup
+
+    # This test module is not importable in a Ray worker: ship the actor class by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    class CPUPolicyActor(BaseModelActor):
+        """`PolicyModelActor` without DeepSpeed: OpenRLHF's `Actor` loaded by path, in fp32 on CPU."""
+
+        def init_model_from_pretrained(self, pretrain, temperature):
+            self.strategy = SimpleNamespace(is_rank_0=lambda: True)
+            self.actor = load_actor(pretrain, temperature)
+            self.calls = 0
+
+        def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None, mm_train_inputs_list=None):
+            self.calls += 1
+            self.actor.eval()
+            with torch.no_grad():
+                return self.actor(sequences, action_mask, attention_mask, ring_attn_group=None).to("cpu")
+
+        def forward_calls(self):
+            return self.calls
+
+    group = RayActorGroup(1, 1, ray.remote(CPUPolicyActor), num_gpus_per_actor=0)
+    ray.get(group.async_init_model_from_pretrained(str(model_path), 1.0))
+    return group
+
+
+@pytest.fixture(scope="module")
+def rollout(guess_policy, qwen3_tokenizer, example_env_id, ray_cluster):
+    """Rollout samples of 2 prompts x 8 episodes, as OpenRLHF's SamplesGenerator hands them over."""
+    from openrlhf.utils.deepspeed import DeepspeedStrategy
+    from vllm import SamplingParams
+
+    from trainer.openrlhf.agent_func import AgentExecutor
+    from trainer.openrlhf.samples import AgentGymSamplesGenerator
+
+    model, path = guess_policy
+    args = openrlhf_args(path)
+    strategy = DeepspeedStrategy(seed=0, zero_stage=2, args=args)
+    bridge = BridgeConfig.from_dict({"rollout": {"turn_max_tokens": 16, "max_turns": 4}})
+    executor = AgentExecutor(bridge)
+    engine = HFAsyncEngine(model, qwen3_tokenizer, seed=3)
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=None, min_tokens=1, skip_special_tokens=False)
+
+    async def play():
+        jobs = [
+            executor.execute("prompt", TaskLabel(example_env_id, seed).to_json(), params, MAX_LEN, qwen3_tokenizer, engine)
+            for seed in SEEDS
+            for _ in range(GROUP)
+        ]
+        return await asyncio.gather(*jobs)
+
+    responses = asyncio.run(play())
+    generator = AgentGymSamplesGenerator(strategy, None, None, qwen3_tokenizer, [])
+    samples = [generator._process_response_into_experience(r, max_len=MAX_LEN) for r in responses]
+    group = make_actor_group(path)
+    return SimpleNamespace(args=args, strategy=strategy, bridge=bridge, responses=responses, samples=samples,
+                           group=group, model=model, path=path)
+
+
+def make_maker(rollout, tokenizer, bridge=None):
+    from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+
+    from trainer.openrlhf.experience import CreditExperienceMaker
+
+    return CreditExperienceMaker(rollout.group, None, None, None, FixedKLController(0.0), rollout.strategy, tokenizer,
+                                 bridge=bridge or rollout.bridge)
+
+
+def test_samples_keep_the_executor_turn_structure(rollout):
+    from trainer.openrlhf.samples import ACTION_KEY, RECORD_KEY, TURN_KEY
+
+    for response, sample in zip(rollout.responses, rollout.samples):
+        turn = sample.info[TURN_KEY][0]
+        assert torch.equal((turn > 0).long(), sample.action_mask[0].long())
+        ids = response["agentgym"]["turn_ids"]
+        assert turn.tolist() == [t + 1 for t in ids[1:]]
+        assert (sample.info[ACTION_KEY][0].bool() <= (turn > 0)).all()
+        assert json.loads(sample.info[RECORD_KEY][0])["reward"] == pytest.approx(sample.rewards.item())
+
+
+@pytest.fixture(scope="module")
+def made(rollout, qwen3_tokenizer):
+    maker = make_maker(rollout, qwen3_tokenizer)
+    experiences = maker.make_experience_batch(copy.deepcopy(rollout.samples))
+    return maker, experiences
+
+
+def test_credit_advantages_on_generated_tokens_only(made, rollout):
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+
+    from trainer.openrlhf.credit_rows import RolloutRows, credit_advantages
+    from trainer.openrlhf.experience import TEACHER_KEY
+    from trainer.openrlhf.samples import ACTION_KEY, RECORD_KEY, TURN_KEY
+
+    maker, experiences = made
+    assert sum(len(e.sequences) for e in experiences) == GROUP * len(SEEDS)
+    assert len(experiences) == -(-GROUP * len(SEEDS) // 3)  # the stock split into micro-batches of 3
+    nonzero = 0
+    for e in experiences:
+        # Only the agent's own tokens carry advantage; prompt, framing and observations carry none.
+        assert (e.advantages[e.action_mask == 0] == 0).all()
+        nonzero += int((e.advantages[e.action_mask.bool()] != 0).sum())
+        for key in (TURN_KEY, ACTION_KEY, RECORD_KEY, TEACHER_KEY):
+            assert key not in e.info
+        assert any(k.startswith("credit/") for k in e.info)
+    assert nonzero > 0, "mixed groups must give non-zero advantages"
+
+    # The same rollout through the stock experience maker (OpenRLHF's own group_norm advantage):
+    # with GRPO the credit core must agree with OpenRLHF token for token (eps 1e-6 vs 1e-9 aside).
+    stock = RemoteExperienceMaker(rollout.group, None, None, None, maker.kl_ctl, rollout.strategy, maker.tokenizer)
+    reference = stock.make_experience_batch(copy.deepcopy(rollout.samples))
+    for ours, theirs in zip(experiences, reference):
+        mask = ours.action_mask.bool()
+        assert torch.allclose(ours.advantages[mask], theirs.advantages[mask], atol=1e-4)
+
+
+def test_student_log_probs_come_from_the_actor_group(made, rollout):
+    _, experiences = made
+    local = load_actor(rollout.path)
+    e = experiences[0]
+    with torch.no_grad():
+        expected = local(e.sequences, e.action_mask, e.attention_mask)
+    assert torch.allclose(e.action_log_probs, expected, atol=1e-5)
+
+
+def test_one_policy_loss_update(made, rollout):
+    from openrlhf.models import Actor, PolicyLoss
+
+    _, experiences = made
+    model = load_actor(rollout.path).model.train()
+    actor = Actor(model)
+    actor.packing_samples = False  # an Actor built from a ready module lacks it (OpenRLHF 0.11.2)
+    loss_fn = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer.zero_grad()
+    total_tokens = sum(float(e.action_mask.sum()) for e in experiences)
+    for e in experiences:
+        log_probs = actor(e.sequences, e.action_mask, e.attention_mask)
+        loss, clip_ratio, ppo_kl, _, _ = loss_fn(log_probs, e.action_log_probs, e.advantages, action_mask=e.action_mask,
+                                                   batch_num_tokens=total_tokens)
+        assert float(ppo_kl) == pytest.approx(0.0, abs=1e-5) and float(clip_ratio) == 0.0  # on-policy: ratio 1
+        loss.backward()
+    optimizer.step()
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+    assert changed
+    # The update moves log-probs in the direction of the advantages.
+    with torch.no_grad():
+        up, down = [], []
+        for e in experiences:
+            delta = actor(e.sequences, e.action_mask, e.attention_mask) - e.action_log_probs
+            mask = e.action_mask.bool()
+            up.append(delta[mask & (e.advantages > 0)])
+            down.append(delta[mask & (e.advantages < 0)])
+        assert torch.cat(up).mean() > torch.cat(down).mean()
