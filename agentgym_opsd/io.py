@@ -84,7 +84,7 @@ def append_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]
 def read_jsonl(path: str | os.PathLike[str], *, skip_torn_lines: bool = False) -> Iterator[dict[str, Any]]:
     """Yield the JSON objects of a JSONL file (see `read_jsonl_numbered`)."""
     for _, obj in read_jsonl_numbered(path, skip_torn_lines=skip_torn_lines):
-        yield number, obj
+        yield obj
 
 
 def read_jsonl_numbered(

@@ -1,0 +1,64 @@
+"""Plug-ins: a third-party package registers its env through the entry-point group, and gets the contract."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import warnings
+
+import gymnasium as gym
+
+import agentgym_opsd
+from agentgym_opsd.contract import check_text_env
+from agentgym_opsd.registry import ENTRY_POINT_GROUP, load_plugins, plugin_errors, registered_envs
+
+
+def test_example_plugin_is_registered_through_its_entry_point() -> None:
+    from importlib import metadata
+
+    names = {ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    assert "agentgym_example_plugin:register" in names
+    entry = {e.id: e for e in registered_envs()}["example/GuessNumber-v0"]
+    assert entry.family == "Example" and entry.sizes("test") == 20
+    env = gym.make("example/GuessNumber-v0")  # plain gymnasium works after `import agentgym_opsd`
+    assert isinstance(env.unwrapped, agentgym_opsd.TextEnv)
+
+
+def test_example_plugin_passes_the_contract() -> None:
+    check_text_env(lambda: agentgym_opsd.make("example/GuessNumber-v0"))
+
+
+def test_a_broken_plugin_is_reported_not_fatal(tmp_path, monkeypatch) -> None:
+    pkg = tmp_path / "broken_plugin"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('missing dependency frobnicate')\n")
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(textwrap.dedent(f"""
+        [{ENTRY_POINT_GROUP}]
+        broken = broken_plugin:register
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_plugins(reload=True)
+    assert any("frobnicate" in str(w.message) for w in caught)
+    assert any("frobnicate" in err for err in plugin_errors().values())
+    assert "example/GuessNumber-v0" in {e.id for e in registered_envs()}
+    sys.modules.pop("broken_plugin", None)
+
+
+def test_contract_catches_a_broken_env() -> None:
+    from agentgym_example_plugin import GuessNumberEnv
+
+    class NoHindsightOnJunk(GuessNumberEnv):
+        def _invalid(self, parsed):
+            raise RuntimeError("junk crashes me")
+
+    try:
+        check_text_env(lambda: NoHindsightOnJunk(), run_gymnasium_checker=False)
+    except RuntimeError as e:
+        assert "junk crashes me" in str(e)
+    else:
+        raise AssertionError("the contract should have failed")

@@ -1,0 +1,64 @@
+"""Shared test set-up.
+
+- `shared_data` fixture: paths under ../shared/data (real public samples); a test that needs an
+  absent file skips with the reason.
+- The example plug-in env package (tests/data/example_plugin) is put on sys.path and registered
+  through its entry-point metadata, as an installed third-party package would be.
+- The contract suite (tests/test_contract.py) runs on every registered id; an env family whose envs
+  need options in tests (a server URL, a data path) provides a fixture named
+  `contract_options_<family lowercased>` returning the keyword arguments for `gymnasium.make`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+EXAMPLE_PLUGIN = Path(__file__).resolve().parent / "data" / "example_plugin"
+
+# alfworld writes to ~/.cache/alfworld at import unless ALFWORLD_DATA is set.
+os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "alfworld"))
+
+if str(EXAMPLE_PLUGIN) not in sys.path:
+    sys.path.insert(0, str(EXAMPLE_PLUGIN))
+
+import agentgym_opsd  # noqa: E402
+from agentgym_opsd.registry import entry, load_plugins, registered_envs  # noqa: E402
+
+load_plugins(reload=True)
+
+
+def require_shared_data(*parts: str) -> Path:
+    """A path under ../shared/data, or skip the test with the reason."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"needs {path} (the shared real-data folder beside the repo); it is absent here")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """`shared_data("qa", "nq_open_dev_part1.jsonl")` -> the path, or skip with the reason."""
+    return require_shared_data
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "registered_env_id" in metafunc.fixturenames:
+        ids = [e.id for e in registered_envs()]
+        metafunc.parametrize("registered_env_id", ids, ids=ids)
+
+
+@pytest.fixture
+def env_options(request: pytest.FixtureRequest, registered_env_id: str) -> dict:
+    """Keyword arguments that make `registered_env_id` buildable in tests (see module docstring)."""
+    family = entry(registered_env_id).family.lower()
+    try:
+        return dict(request.getfixturevalue(f"contract_options_{family}"))
+    except pytest.FixtureLookupError:
+        return {}
