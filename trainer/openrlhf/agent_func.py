@@ -24,7 +24,7 @@ class AgentExecutor(AgentExecutorBase):
 
     def __init__(self, config: BridgeConfig | None = None) -> None:
         self.config = config or BridgeConfig.from_environment()
-        self.runner = EnvEpisodeRunner(self.config.rollout)
+        self.runner = EnvEpisodeRunner(self.config)
 
     async def execute(
         self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None

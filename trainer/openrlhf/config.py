@@ -13,13 +13,18 @@ Example (YAML):
     rollout:
       turn_max_tokens: 512        # per-turn generation cap
       max_turns: 50               # overrides the env's own limit
-      invalid_coef: 0.1           # R = success_scale * success - invalid_coef * invalid turns
       chat_template_kwargs: {enable_thinking: false}
-    credit:                       # trainer.credit.CreditConfig fields
-      method: stepopsd
+    credit:                       # the method, then any trainer.credit.CreditConfig field
+      method: stepopsd            # grpo | gigpo | stepopsd | agentopsd | rlsd
+      preset: default             # or release (AgentOPSD's public-code preset)
+      env: agentgym/ALFWorld-v0   # whose family defaults apply (default: the prompt dataset's env)
       lam_mix: 0.2
     teacher:
       max_len: 8192
+      micro_batch_size: 4
+
+The credit section also sets the outcome reward (`success_scale`, `score_coef`, `invalid_coef`), so
+the agent executor's reward, OpenRLHF's group normalisation and the credit core agree.
 """
 
 from __future__ import annotations
@@ -59,9 +64,6 @@ class RolloutSettings:
         turn_max_tokens: cap on the tokens generated in one turn (None: OpenRLHF's
             `--rollout.max_new_tokens`, and without it whatever is left of `--data.max_len`).
         max_turns: turns before an episode is truncated (None: the env's own `max_turns`).
-        success_scale: outcome reward per success (spec section 0, step 2).
-        score_coef: weight of the env's graded score in the outcome reward (0: success only).
-        invalid_coef: penalty per invalid turn (None: 0.01 for Search-QA envs, 0.1 otherwise).
         env_kwargs: keyword arguments for every env (a label's own `env_kwargs` override them).
         chat_template_kwargs: passed to the tokenizer's chat template (Qwen3: `enable_thinking`).
         env_threads: threads that step envs (envs are stepped off the event loop; 1 keeps env
@@ -70,9 +72,6 @@ class RolloutSettings:
 
     turn_max_tokens: int | None = None
     max_turns: int | None = None
-    success_scale: float = 1.0
-    score_coef: float = 0.0
-    invalid_coef: float | None = None
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     env_threads: int = 1
@@ -84,11 +83,6 @@ class RolloutSettings:
             raise ConfigError(f"rollout.max_turns must be >= 1, got {self.max_turns}")
         if int(self.env_threads) < 1:
             raise ConfigError(f"rollout.env_threads must be >= 1, got {self.env_threads}")
-
-    def invalid_penalty(self, env_id: str) -> float:
-        if self.invalid_coef is not None:
-            return float(self.invalid_coef)
-        return 0.01 if "searchqa" in env_id.lower() else 0.1
 
 
 @dataclass
@@ -165,6 +159,28 @@ class BridgeConfig:
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
+    def credit_config(self, env_id: str):
+        """The `CreditConfig` for episodes of `env_id` (see `resolve_credit_config`)."""
+        return resolve_credit_config(self.credit, env_id)
+
+    def batch_env_id(self, env_ids) -> str:
+        """The env whose family defaults apply to a batch: `credit.env` when given, else the batch's
+        env, which must then be of one family (their defaults differ: span mode, invalid penalty)."""
+        if self.credit.get("env"):
+            return str(self.credit["env"])
+        from trainer.credit import env_family
+
+        ids = sorted(set(env_ids))
+        if not ids:
+            raise ConfigError("no episodes in the batch")
+        families = {env_family(i) for i in ids}
+        if len(families) > 1:
+            raise ConfigError(
+                f"the prompt dataset mixes env families {sorted(families)} ({', '.join(ids)}); set credit.env to the "
+                "one whose defaults apply, or train one family at a time"
+            )
+        return ids[0]
+
     @classmethod
     def from_environment(cls) -> BridgeConfig:
         """The config the launcher put in `AGENTGYM_OPSD_OPENRLHF` (defaults when unset)."""
@@ -175,6 +191,32 @@ class BridgeConfig:
             return cls.from_dict(json.loads(raw), f"${ENV_VAR}")
         except json.JSONDecodeError as e:
             raise ConfigError(f"${ENV_VAR} is not valid JSON ({e}); start training with `agentgym-opsd train-openrlhf`") from None
+
+
+def resolve_credit_config(section: dict[str, Any], env_id: str):
+    """`CreditConfig.for_env(env, method, preset=..., **fields)` from the bridge's `credit` section.
+
+    `env` in the section (else `env_id`, the env being trained on) picks the family defaults (span
+    mode, invalid penalty, mixing strength, WebShop's graded score). The teacher is the live policy:
+    the bridge scores it on OpenRLHF's actor group right after the student forward, which holds the
+    rollout (old) policy; a `stale` snapshot would need a second model group, so it is refused.
+    """
+    from trainer.credit import CreditConfig
+
+    fields = dict(section or {})
+    method = fields.pop("method", "grpo")
+    preset = fields.pop("preset", "default")
+    env = fields.pop("env", None) or env_id
+    if fields.get("teacher_mode", "live") != "live":
+        raise ConfigError(
+            "credit.teacher_mode: the OpenRLHF bridge scores the teacher with the actor group (the live, old "
+            "policy); set teacher_mode: live or leave it out"
+        )
+    fields["teacher_mode"] = "live"
+    try:
+        return CreditConfig.for_env(str(env), str(method), preset=str(preset), **fields)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"credit: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,12 @@ def complete_flags(flags: Sequence[str]) -> list[str]:
         )
     if _has(flags, "--train.async_enable"):
         raise LaunchError("--train.async_enable: the bridge installs the synchronous PPOTrainer only; drop the flag")
+    for name in ("--reward.overlong_buffer_len", "--reward.stop_properly_penalty_coef"):
+        if _has(flags, name):
+            raise LaunchError(
+                f"{name}: the credit core computes the outcome reward from the episode records (credit.success_scale, "
+                "score_coef, invalid_coef), so OpenRLHF's length penalties would not reach the advantages; drop the flag"
+            )
     added: list[str] = []
     if not _has(flags, "--train.agent_func_path"):
         added += ["--train.agent_func_path", AGENT_FUNC_PATH]
@@ -142,14 +148,30 @@ def parse_openrlhf_flags(flags: Sequence[str]) -> Any:
     raise LaunchError("OpenRLHF's train_ppo_ray returned before building its strategy")  # pragma: no cover
 
 
-def check_bridge(config: BridgeConfig) -> None:
-    """Build the credit config now, so a typo fails before Ray and the models start."""
-    from trainer.openrlhf.credit_rows import make_credit_config
+def dataset_env_ids(path: str | None, limit: int = 10_000) -> list[str]:
+    """The env ids in the labels of a prompt dataset file (empty when the file is not local)."""
+    if not path or not Path(path).is_file():
+        return []
+    from trainer.openrlhf.config import TaskLabel
 
-    try:
-        make_credit_config(config.credit)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"credit: {e}") from None
+    ids = set()
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i >= limit:
+                break
+            if line.strip():
+                ids.add(TaskLabel.parse(json.loads(line).get("label")).env_id)
+    return sorted(ids)
+
+
+def check_bridge(config: BridgeConfig, flags: Sequence[str]) -> None:
+    """Resolve the credit config now, so a typo fails before Ray and the models start."""
+    env_ids = []
+    for name in ("--data.prompt_dataset", "--eval.dataset"):
+        for path in (_flag_value(flags, name) or "").split(","):
+            env_ids += dataset_env_ids(path.strip() or None)
+    env_id = config.batch_env_id(env_ids) if env_ids or config.credit.get("env") else "generic"
+    config.credit_config(env_id)
 
 
 def launch(config: BridgeConfig, flags: Sequence[str], dry_run: bool = False, out=None) -> Any:
@@ -159,8 +181,8 @@ def launch(config: BridgeConfig, flags: Sequence[str], dry_run: bool = False, ou
         OpenRLHF's parsed args (dry run) or None after training.
     """
     out = out or sys.stdout
-    check_bridge(config)
     final = complete_flags(flags)
+    check_bridge(config, final)
     command = "python -m " + ENTRY_MODULE + " " + " ".join(shlex.quote(f) for f in final)
     if dry_run:
         args = parse_openrlhf_flags(final)

@@ -31,12 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium as gym
+import torch
 
 import agentgym_opsd
 from agentgym_opsd.context import ContextPolicy
 from agentgym_opsd.core import Hindsight, StepInfo
 from agentgym_opsd.episode import Episode, Turn
-from trainer.openrlhf.config import RolloutSettings, TaskLabel
+from trainer.openrlhf.config import BridgeConfig, TaskLabel
 from trainer.openrlhf.tokens import ChatFraming, token_range
 
 __all__ = ["EnvEpisodeRunner", "PromptTooLong"]
@@ -84,11 +85,13 @@ class EnvEpisodeRunner:
     """Plays episodes of registered envs with an async token-level generator (a vLLM engine).
 
     Args:
-        settings: the `rollout` section of the bridge config.
+        config: the bridge config (its `rollout` section, and its `credit` section for the outcome
+            reward).
     """
 
-    def __init__(self, settings: RolloutSettings | None = None) -> None:
-        self.settings = settings or RolloutSettings()
+    def __init__(self, config: BridgeConfig | None = None) -> None:
+        self.config = config or BridgeConfig()
+        self.settings = self.config.rollout
         self.pool = _EnvPool()
         self._threads = ThreadPoolExecutor(max_workers=int(self.settings.env_threads), thread_name_prefix="agentgym-env")
         self._framings: dict[int, ChatFraming] = {}
@@ -183,6 +186,8 @@ class EnvEpisodeRunner:
             generated = [int(t) for t in output.token_ids]
             finish_reason = getattr(output, "finish_reason", None)
             text, offsets, closed = framing.split_response(generated)
+            if not closed:  # cut at the token cap: it never generated its end-of-turn token
+                finish_reason = "length"
             observation, reward, terminated, truncated, info = await self._env_call(env.step, text)
             step: StepInfo = info.pop("step")
             hindsight: Hindsight | None = info.pop("hindsight", None)
@@ -195,8 +200,10 @@ class EnvEpisodeRunner:
             action_spans.append(None if local is None else [start + local[0], start + local[1]])
             if rollout_log_probs is not None:
                 rollout_log_probs += _sampled_log_probs(output, generated)
+            turn_info = _jsonable(info)
+            turn_info["finish_reason"] = finish_reason  # "length": no end-of-turn token (trainer.rows reads it)
             episode.turns.append(
-                Turn(text, step.action, observation, float(reward), bool(terminated), bool(truncated), step, _jsonable(info))
+                Turn(text, step.action, observation, float(reward), bool(terminated), bool(truncated), step, turn_info)
             )
             done = bool(terminated or truncated)
             if done:
@@ -220,12 +227,19 @@ class EnvEpisodeRunner:
 
     def _response(self, task, prompt, episode, tokens, turn_ids, action_ranges, action_spans,
                   rollout_log_probs, length_cut, context_full) -> dict[str, Any]:
-        s = self.settings
+        from trainer.credit import outcome_reward
+
         success = episode.success
         invalid = episode.invalid_turns
-        penalty = s.invalid_penalty(task.env_id)
-        # Spec section 0, step 2: the outcome reward of the episode.
-        reward = s.success_scale * float(success) + s.score_coef * episode.score - penalty * invalid
+        credit = self.config.credit_config(task.env_id)
+        # Spec section 0, step 2: the outcome reward R_i, with the credit config's coefficients, so
+        # OpenRLHF's group normalisation of it is the credit core's GRPO advantage.
+        reward = float(
+            outcome_reward(
+                torch.tensor([bool(success)]), torch.tensor([episode.score]), torch.tensor([invalid]),
+                success_scale=credit.success_scale, score_coef=credit.score_coef, invalid_coef=credit.invalid_coef,
+            )[0]
+        )
         record = {
             "episode": episode.to_dict(),
             "success": bool(success),

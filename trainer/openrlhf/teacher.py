@@ -10,9 +10,9 @@ average out. On the actor group both terms come from one engine, so delta is zer
 privileged context changes nothing. It also keeps the vLLM engines free for rollouts.
 
 A teacher row is a token sequence that holds the SAME generated tokens as the student row, with
-privileged text spliced in before them; `scored` maps each scored token's position in the teacher
-row to its position in the student row's action layout (OpenRLHF's (T-1) layout: index j is token
-j + 1). Rows are built by `TeacherContexts` (text from trainer/teacher.py) and scored here.
+privileged text spliced in before them, and the positions of the tokens to score in it. The
+sequences themselves are the credit core's (`trainer.teacher.build_teacher_sequences`); this module
+only runs them (see `trainer.openrlhf.credit_rows.teacher_logprobs`).
 """
 
 from __future__ import annotations
@@ -23,41 +23,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TeacherRow", "splice", "score_rows", "pad_rows"]
+__all__ = ["TeacherRow", "score_rows", "pad_rows"]
 
 
 @dataclass
 class TeacherRow:
-    """One teacher forward row.
-
-    Attributes:
-        sequence: the teacher's token ids.
-        scored: (teacher token position, student action index) for every scored token.
-        owner: (experience index, row within that experience) of the student row.
-    """
+    """One teacher forward row: its token ids and the positions (>= 1) of the tokens to score."""
 
     sequence: list[int]
-    scored: list[tuple[int, int]] = field(default_factory=list)
-    owner: tuple[int, int] = (0, 0)
-
-
-def splice(student: Sequence[int], insert_at: int, inserted: Sequence[int], end: int, scored: Sequence[int],
-           owner: tuple[int, int]) -> TeacherRow:
-    """`student[:insert_at] + inserted + student[insert_at:end]`, scoring the student tokens `scored`
-    (token positions in the student sequence, each in `[max(insert_at, 1), end)`)."""
-    shift = len(inserted)
-    pairs = []
-    for p in scored:
-        if not insert_at <= p < end or p < 1:
-            raise ValueError(f"scored token {p} is outside the spliced part [{insert_at}, {end})")
-        pairs.append((p + shift, p - 1))
-    return TeacherRow(list(student[:insert_at]) + list(inserted) + list(student[insert_at:end]), pairs, owner)
+    targets: list[int] = field(default_factory=list)
 
 
 def pad_rows(rows: Sequence[TeacherRow], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded `(sequences, attention_mask, action_mask)` for `Actor.forward`.
 
-    The action mask covers positions 1..L-1 (OpenRLHF's layout) and is 1 on the scored tokens only.
+    The action mask covers positions 1..L-1 (OpenRLHF's layout: index i is token i + 1) and is 1 on
+    the scored tokens only.
     """
     width = max(len(r.sequence) for r in rows)
     sequences = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
@@ -66,7 +47,7 @@ def pad_rows(rows: Sequence[TeacherRow], pad_id: int) -> tuple[torch.Tensor, tor
     for i, r in enumerate(rows):
         sequences[i, : len(r.sequence)] = torch.tensor(r.sequence, dtype=torch.long)
         attention[i, : len(r.sequence)] = 1
-        for t, _ in r.scored:
+        for t in r.targets:
             action[i, t - 1] = 1
     return sequences, attention, action
 
@@ -80,7 +61,7 @@ def score_rows(actor_group, rows: Sequence[TeacherRow], micro_batch_size: int, p
     dropped), so every rank runs the same number of forwards (ZeRO-3 needs them in lockstep).
 
     Returns:
-        One float tensor per row, the log-prob of each of its `scored` tokens in order.
+        One float tensor per row: the log-prob of each of its `targets`, in order.
     """
     import ray
 
@@ -106,6 +87,6 @@ def score_rows(actor_group, rows: Sequence[TeacherRow], micro_batch_size: int, p
     for batch, log_probs in zip(batches[:n_real], results, strict=True):
         log_probs = log_probs.float()
         for i, r in enumerate(batch):
-            index = torch.tensor([t - 1 for t, _ in r.scored], dtype=torch.long)
+            index = torch.tensor([t - 1 for t in r.targets], dtype=torch.long)
             out.append(log_probs[i, index] if len(index) else torch.zeros(0))
     return out
