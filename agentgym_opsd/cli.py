@@ -28,7 +28,10 @@ from agentgym_opsd.summary import format_table, summarize
 __all__ = ["main", "CliError", "parse_options", "make_env_factory"]
 
 # name -> "module:add_parser" for commands owned by other folders.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "train-openrlhf": "trainer.openrlhf.cli:add_train_parser",
+    "openrlhf-prompts": "trainer.openrlhf.cli:add_prompts_parser",
+}
 
 
 class CliError(Exception):

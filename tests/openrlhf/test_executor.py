@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
+
 import trainer.openrlhf.agent_func as agent_func
 from trainer.openrlhf.config import ENV_VAR, BridgeConfig, TaskLabel
 from trainer.openrlhf.hf_engine import HFAsyncEngine

@@ -19,6 +19,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
+
 from trainer.openrlhf.config import BridgeConfig, TaskLabel
 from trainer.openrlhf.hf_engine import HFAsyncEngine
 from trainer.openrlhf.launch import complete_flags, parse_openrlhf_flags

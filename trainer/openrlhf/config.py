@@ -35,7 +35,17 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_VAR", "BridgeConfig", "RolloutSettings", "TeacherSettings", "TaskLabel", "ConfigError"]
+__all__ = [
+    "ENV_VAR",
+    "BridgeConfig",
+    "RolloutSettings",
+    "TeacherSettings",
+    "TaskLabel",
+    "ConfigError",
+    "load_sections",
+    "merge_sections",
+    "resolve_credit_config",
+]
 
 ENV_VAR = "AGENTGYM_OPSD_OPENRLHF"
 
@@ -135,26 +145,7 @@ class BridgeConfig:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BridgeConfig:
         """Read a YAML or JSON file."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        if path.suffix.lower() == ".json":
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}: invalid JSON: {e}") from None
-        else:
-            import yaml
-
-            try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
-        if data is not None and not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping with sections rollout, credit, teacher")
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(load_sections(path), str(path))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -191,6 +182,41 @@ class BridgeConfig:
             return cls.from_dict(json.loads(raw), f"${ENV_VAR}")
         except json.JSONDecodeError as e:
             raise ConfigError(f"${ENV_VAR} is not valid JSON ({e}); start training with `agentgym-opsd train-openrlhf`") from None
+
+
+def load_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The raw sections of a YAML or JSON bridge config file (ConfigError when unreadable)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: invalid JSON: {e}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with sections rollout, credit, teacher")
+    return dict(data or {})
+
+
+def merge_sections(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override`'s keys over `base`'s, section by section."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
 
 
 def resolve_credit_config(section: dict[str, Any], env_id: str):
