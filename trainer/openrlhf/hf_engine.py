@@ -109,7 +109,8 @@ class HFAsyncEngine:
         past = None
         step_ids, step_mask, step_pos = ids, mask, positions
         for t in range(max(limits)):
-            out = self.model(input_ids=step_ids, attention_mask=step_mask, position_ids=step_pos, past_key_values=past, use_cache=True)
+            out = self.model(input_ids=step_ids, attention_mask=step_mask, position_ids=step_pos, past_key_values=past,
+                             use_cache=True, logits_to_keep=1)
             past = out.past_key_values
             logits = out.logits[:, -1, :].float()
             chosen = torch.empty(len(batch), dtype=torch.long)
