@@ -20,8 +20,10 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN3_TOKENIZER = REPO.parent / "shared" / "data" / "tokenizers" / "qwen3"
@@ -137,3 +139,65 @@ def guess_policy(qwen3_tokenizer, example_env_id, tmp_path_factory):
     model.save_pretrained(path)
     qwen3_tokenizer.save_pretrained(path)
     return model, path
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray instance (2 CPUs); the actors of the tests take no CPU reservation."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def load_actor(path, temperature=1.0):
+    """OpenRLHF's `Actor` loaded by path as `PolicyModelActor` loads it (bf16 weights), then run in fp32."""
+    from openrlhf.models import Actor
+
+    actor = Actor(str(path), attn_implementation="eager", param_dtype="bf16", temperature=temperature)
+    actor.model.float()
+    return actor
+
+
+def make_actor_group(model_path):
+    """A real `RayActorGroup` of one CPU actor that serves `forward` like `PolicyModelActor`."""
+
+    import ray
+    from openrlhf.trainer.ray.launcher import BaseModelActor, RayActorGroup
+
+    # The tests' modules are not importable in a Ray worker: ship the actor class by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    class CPUPolicyActor(BaseModelActor):
+        """`PolicyModelActor` without DeepSpeed: OpenRLHF's `Actor` loaded by path, in fp32 on CPU."""
+
+        def init_model_from_pretrained(self, pretrain, temperature):
+            self.strategy = SimpleNamespace(is_rank_0=lambda: True)
+            self.actor = load_actor(pretrain, temperature)
+            self.calls = 0
+
+        def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None, mm_train_inputs_list=None):
+            self.calls += 1
+            self.actor.eval()
+            with torch.no_grad():
+                return self.actor(sequences, action_mask, attention_mask, ring_attn_group=None).to("cpu")
+
+        def forward_calls(self):
+            return self.calls
+
+    group = RayActorGroup(1, 1, ray.remote(CPUPolicyActor), num_gpus_per_actor=0)
+    ray.get(group.async_init_model_from_pretrained(str(model_path), 1.0))
+    return group
+
+
+@pytest.fixture(scope="session")
+def policy_group(guess_policy, ray_cluster):
+    """A real OpenRLHF `RayActorGroup` of one CPU actor holding the warm-started policy."""
+    return make_actor_group(guess_policy[1])
+
+
+@pytest.fixture(scope="session")
+def load_policy_actor():
+    """`load_actor` for tests (OpenRLHF's `Actor` loaded by path as the CPU actor loads it)."""
+    return load_actor

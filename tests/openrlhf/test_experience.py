@@ -53,57 +53,7 @@ def openrlhf_args(model_path):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def load_actor(path, temperature=1.0):
-    """OpenRLHF's `Actor` loaded by path as `PolicyModelActor` loads it (bf16 weights), then run in fp32."""
-    from openrlhf.models import Actor
-
-    actor = Actor(str(path), attn_implementation="eager", param_dtype="bf16", temperature=temperature)
-    actor.model.float()
-    return actor
-
-
-def make_actor_group(model_path):
-    """A real `RayActorGroup` of one CPU actor that serves `forward` like `PolicyModelActor`."""
-    import sys
-
-    import ray
-    from openrlhf.trainer.ray.launcher import BaseModelActor, RayActorGroup
-
-    # This test module is not importable in a Ray worker: ship the actor class by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-    class CPUPolicyActor(BaseModelActor):
-        """`PolicyModelActor` without DeepSpeed: OpenRLHF's `Actor` loaded by path, in fp32 on CPU."""
-
-        def init_model_from_pretrained(self, pretrain, temperature):
-            self.strategy = SimpleNamespace(is_rank_0=lambda: True)
-            self.actor = load_actor(pretrain, temperature)
-            self.calls = 0
-
-        def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None, mm_train_inputs_list=None):
-            self.calls += 1
-            self.actor.eval()
-            with torch.no_grad():
-                return self.actor(sequences, action_mask, attention_mask, ring_attn_group=None).to("cpu")
-
-        def forward_calls(self):
-            return self.calls
-
-    group = RayActorGroup(1, 1, ray.remote(CPUPolicyActor), num_gpus_per_actor=0)
-    ray.get(group.async_init_model_from_pretrained(str(model_path), 1.0))
-    return group
-
-
-@pytest.fixture(scope="module")
-def rollout(guess_policy, qwen3_tokenizer, example_env_id, ray_cluster):
+def rollout(guess_policy, qwen3_tokenizer, example_env_id, policy_group):
     """Rollout samples of 2 prompts x 8 episodes, as OpenRLHF's SamplesGenerator hands them over."""
     from openrlhf.utils.deepspeed import DeepspeedStrategy
     from vllm import SamplingParams
@@ -130,7 +80,7 @@ def rollout(guess_policy, qwen3_tokenizer, example_env_id, ray_cluster):
     responses = asyncio.run(play())
     generator = AgentGymSamplesGenerator(strategy, None, None, qwen3_tokenizer, [])
     samples = [generator._process_response_into_experience(r, max_len=MAX_LEN) for r in responses]
-    group = make_actor_group(path)
+    group = policy_group
     return SimpleNamespace(args=args, strategy=strategy, bridge=bridge, responses=responses, samples=samples,
                            group=group, model=model, path=path)
 
@@ -208,7 +158,7 @@ def episode_advantages(experiences):
 
 
 @pytest.mark.parametrize("method", ["agentopsd", "stepopsd"])
-def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_tokenizer):
+def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_tokenizer, load_policy_actor):
     """The teacher forward runs on the actor group, gives what the credit core's own scorer gives
     with the same weights, and the reshaped advantages keep GRPO's signs within the spec's bounds."""
     from trainer.credit import CreditConfig, compute_advantages
@@ -232,7 +182,7 @@ def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_t
     samples = copy.deepcopy(rollout.samples)
     stock = grpo_maker.make_experience(grpo_maker.split_rollout_samples(samples))
     batch = rollout_token_rows(stock, GROUP, qwen3_tokenizer, config, TURN_KEY, ACTION_KEY, RECORD_KEY)
-    local = load_actor(rollout.path).model
+    local = load_policy_actor(rollout.path).model
     scores = score_teacher(local, qwen3_tokenizer, batch.episodes, batch.rows, config, packing=False)
     assert scores.truncated == 0 and int(scores.scored.sum()) == logs["credit/scored_tokens"]
     # Same weights, same sequences: the actor group's teacher log-probs are the local scorer's up to
@@ -256,20 +206,20 @@ def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_t
     assert reshaped > 0, "the teacher's evidence must reshape some advantages"
 
 
-def test_student_log_probs_come_from_the_actor_group(made, rollout):
+def test_student_log_probs_come_from_the_actor_group(made, rollout, load_policy_actor):
     _, experiences = made
-    local = load_actor(rollout.path)
+    local = load_policy_actor(rollout.path)
     e = experiences[0]
     with torch.no_grad():
         expected = local(e.sequences, e.action_mask, e.attention_mask)
     assert torch.allclose(e.action_log_probs, expected, atol=1e-5)
 
 
-def test_one_policy_loss_update(made, rollout):
+def test_one_policy_loss_update(made, rollout, load_policy_actor):
     from openrlhf.models import Actor, PolicyLoss
 
     _, experiences = made
-    model = load_actor(rollout.path).model.train()
+    model = load_policy_actor(rollout.path).model.train()
     actor = Actor(model)
     actor.packing_samples = False  # an Actor built from a ready module lacks it (OpenRLHF 0.11.2)
     loss_fn = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=True)

@@ -33,7 +33,15 @@ from unittest import mock
 
 from trainer.openrlhf.config import ENV_VAR, BridgeConfig, ConfigError
 
-__all__ = ["LaunchError", "complete_flags", "parse_openrlhf_flags", "launch", "AGENT_FUNC_PATH", "ENTRY_MODULE"]
+__all__ = [
+    "LaunchError",
+    "complete_flags",
+    "parse_openrlhf_flags",
+    "launch",
+    "installed_trainer",
+    "AGENT_FUNC_PATH",
+    "ENTRY_MODULE",
+]
 
 ENTRY_MODULE = "openrlhf.cli.train_ppo_ray"
 AGENT_FUNC_PATH = str(Path(__file__).with_name("agent_func.py"))
@@ -191,19 +199,25 @@ def launch(config: BridgeConfig, flags: Sequence[str], dry_run: bool = False, ou
         return args
     import ray
 
-    import openrlhf.trainer.ppo_trainer as stock
-    from trainer.openrlhf.ray_trainer import AgentGymPPOTrainerActor
-
     env_vars = {k: os.environ.get(k, v) for k, v in _STOCK_RAY_ENV.items()}
     env_vars[ENV_VAR] = config.to_json()
     os.environ[ENV_VAR] = env_vars[ENV_VAR]  # the driver reads it too
     if not ray.is_initialized():
         ray.init(runtime_env={"env_vars": env_vars})
     print(command, file=out)
-    with mock.patch.object(stock, "PPOTrainer", AgentGymPPOTrainerActor):
+    with installed_trainer():
         _run_entry(final)
     return None
 
 
-def describe(config: BridgeConfig) -> str:
-    return json.dumps(json.loads(config.to_json()), indent=2)
+@contextlib.contextmanager
+def installed_trainer():
+    """While open, `from openrlhf.trainer.ppo_trainer import PPOTrainer` (what `train_ppo_ray.train`
+    runs) gives `AgentGymPPOTrainerActor`."""
+    import openrlhf.trainer.ppo_trainer as stock
+
+    from trainer.openrlhf.ray_trainer import AgentGymPPOTrainerActor
+
+    with mock.patch.object(stock, "PPOTrainer", AgentGymPPOTrainerActor):
+        yield AgentGymPPOTrainerActor
+
