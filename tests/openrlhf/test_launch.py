@@ -112,3 +112,28 @@ def test_cli_bad_seeds_and_env(tmp_path, example_env_id, capsys):
     assert "START:END" in capsys.readouterr().err
     assert cli_main(["openrlhf-prompts", "--env", "example/Nope-v0", "--seeds", "0:2", "--out", out]) == 2
     assert "no env registered" in capsys.readouterr().err
+
+
+def test_launch_script_dry_run(tmp_path):
+    """scripts/openrlhf/train.sh end to end with DRY_RUN=1: real prompt datasets for WebShop (its
+    built-in catalog), then train-openrlhf through OpenRLHF's parser."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, DRY_RUN="1", OUT=str(tmp_path / "run"), TRAIN_SEEDS="0:3", EVAL_SEEDS="0:2", GPUS="4",
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    done = subprocess.run(
+        ["bash", str(repo / "scripts/openrlhf/train.sh"), "webshop", "qwen3-1.7b", "agentopsd", "--", "--train.seed", "7"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "run/train.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and {TaskLabel.parse(r["label"]).env_id for r in rows} == {"agentgym/WebShop-v0"}
+    assert len((tmp_path / "run/eval.jsonl").read_text().splitlines()) == 2
+    command = done.stdout.strip().splitlines()[-1]
+    assert f"--data.prompt_dataset {tmp_path}/run/train.jsonl" in command
+    assert "--vllm.num_engines 4" in command and command.endswith("--train.seed 7")
+    assert "Qwen/Qwen3-1.7B" in command and '"method": "agentopsd"' in done.stdout

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from trainer.openrlhf.config import ENV_VAR, BridgeConfig, ConfigError
+from trainer.openrlhf.config import ENV_VAR, BridgeConfig
 
 __all__ = [
     "LaunchError",
