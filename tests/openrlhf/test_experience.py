@@ -245,3 +245,29 @@ def test_one_policy_loss_update(made, rollout, load_policy_actor):
             up.append(delta[mask & (e.advantages > 0)])
             down.append(delta[mask & (e.advantages < 0)])
         assert torch.cat(up).mean() > torch.cat(down).mean()
+
+
+def test_gigpo_clusters_the_env_state_keys(made, rollout, qwen3_tokenizer):
+    """GiGPO reads the executor's records (state keys before each turn, step rewards): every group
+    starts in one state, so turn 0 forms a cluster and its step advantage reshapes GRPO's."""
+    from trainer.credit import CreditConfig, compute_advantages
+    from trainer.openrlhf.credit_rows import rollout_token_rows
+    from trainer.openrlhf.samples import ACTION_KEY, RECORD_KEY, TURN_KEY
+
+    grpo_maker, grpo = made
+    maker = make_maker(rollout, qwen3_tokenizer, {"method": "gigpo"})
+    experiences = maker.make_experience_batch(copy.deepcopy(rollout.samples))
+    assert maker.last_diagnostics["credit/step_adv_std"] > 0
+    config = CreditConfig.for_env("example/GuessNumber-v0", "gigpo", teacher_mode="live")
+    stock = grpo_maker.make_experience(grpo_maker.split_rollout_samples(copy.deepcopy(rollout.samples)))
+    batch = rollout_token_rows(stock, GROUP, qwen3_tokenizer, config, TURN_KEY, ACTION_KEY, RECORD_KEY)
+    first_states = batch.rows.state_id[:, 0]
+    for g in batch.rows.episode_group.unique():
+        assert first_states[batch.rows.episode_group == g].unique().numel() == 1
+    expected, _ = compute_advantages(batch.rows.credit_batch(batch.student_logprobs), config, 0)
+    changed = 0
+    for e, base, (start, end) in zip(experiences, grpo, batch.slices):
+        n = e.action_mask.shape[1]
+        assert torch.allclose(e.advantages, expected[start:end, 1 : n + 1] * e.action_mask, atol=1e-5)
+        changed += int((e.advantages - base.advantages).abs().gt(1e-6).sum())
+    assert changed > 0
