@@ -357,11 +357,11 @@ def run_bench(
     started = time.time()
     bar = tqdm(total=len(planned), initial=len(planned) - len(todo), desc=f"bench {config.name}", unit="ep", disable=not progress)
     errors_seen = 0
+    keys: dict[str, str] = {}  # episode id -> key, for the agent playing now
 
     def record(episode: Episode) -> None:
         nonlocal errors_seen
-        key = episode.group  # the rollout carries the key in `group`; it is stored in meta
-        episode.group = ""
+        key = keys[episode.episode_id]
         episode.meta["bench_key"] = key
         episode.meta["agent_spec"] = episode.agent
         episode.agent = json.loads(key)[0]  # the bench's name for it
@@ -378,16 +378,19 @@ def run_bench(
             for seed in config.seeds:
                 agent = None
                 for number, spec in enumerate(config.envs):
-                    requests = [
-                        EpisodeRequest(
-                            seed=index + RESET_SEED_STRIDE * seed,
-                            options={"task_index": index % tasks[number]},
-                            episode_id=f"{spec.id}:{spec.split}:{index}@{seed}",
-                            group=episode_key(agent_name, spec.id, spec.split, index, seed),
-                        )
-                        for a, s, sp, index in todo
-                        if a == agent_name and s == seed and sp == spec
-                    ]
+                    requests = []
+                    keys.clear()
+                    for a, s, sp, index in todo:
+                        if a == agent_name and s == seed and sp == spec:
+                            episode_id = f"{spec.id}:{spec.split}:{index}@{seed}"
+                            keys[episode_id] = episode_key(agent_name, spec.id, spec.split, index, seed)
+                            requests.append(
+                                EpisodeRequest(
+                                    seed=index + RESET_SEED_STRIDE * seed,
+                                    options={"task_index": index % tasks[number]},
+                                    episode_id=episode_id,
+                                )
+                            )
                     if not requests:
                         continue
                     if agent is None:
