@@ -52,16 +52,22 @@ def main() -> None:
     parser.add_argument("--work", type=float, default=0.004, help="seconds of computation per Tally step")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeat", type=int, default=3, help="runs per row; the best is printed (the machine is shared)")
+    parser.add_argument("--envs", default="tally,alfworld,webshop", help="which of tally, alfworld, webshop to run")
     args = parser.parse_args()
     agentgym_opsd.load_plugins(reload=True)
-    envs = {"Tally (CPU-bound, %.0f ms/step)" % (1000 * args.work): EnvFactory("benchtest/Tally-Large-v0", {"work": args.work, "tasks": 1000})}
+    wanted = {name.strip().lower() for name in args.envs.split(",")}
+    envs = {}
+    if "tally" in wanted:
+        envs["Tally (CPU-bound, %.0f ms/step)" % (1000 * args.work)] = EnvFactory(
+            "benchtest/Tally-Large-v0", {"work": args.work, "tasks": 1000}
+        )
     ids = {e.id for e in registered_envs()}
-    if "agentgym/ALFWorld-All-v0" in ids:
+    if "alfworld" in wanted and "agentgym/ALFWorld-All-v0" in ids:
         panel = {"train": 8, "valid_seen": 0, "valid_unseen": 0}
         envs["ALFWorld (TextWorld engine)"] = EnvFactory(
             "agentgym/ALFWorld-All-v0", {"split": "train", "room": "small", "panel_size": panel, "progress": False}
         )
-    if "agentgym/WebShop-v0" in ids:
+    if "webshop" in wanted and "agentgym/WebShop-v0" in ids:
         envs["WebShop (built-in catalog)"] = EnvFactory("agentgym/WebShop-v0", {"split": "train"})
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"cores: {os.cpu_count()}; load average {load} (other processes share the cores); {args.episodes} expert episodes per row")
