@@ -28,7 +28,9 @@ from agentgym_opsd.summary import format_table, summarize
 __all__ = ["main", "CliError", "parse_options", "make_env_factory"]
 
 # name -> "module:add_parser" for commands owned by other folders.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "train": "trainer.train_cli:add_parser",
+}
 
 
 class CliError(Exception):
