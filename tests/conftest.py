@@ -6,7 +6,9 @@
   through its entry-point metadata, as an installed third-party package would be.
 - The contract suite (tests/test_contract.py) runs on every registered id; an env family whose envs
   need options in tests (a server URL, a data path) provides a fixture named
-  `contract_options_<family lowercased>` returning the keyword arguments for `gymnasium.make`.
+  `contract_options_<family lowercased>` returning the keyword arguments for `gymnasium.make` (a dict,
+  or a function `env id -> dict` where the ids of one family need different options).
+- `wiki_index`: one real Lucene index of a slice of ../shared/data/wiki, shared by the whole session.
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def env_options(request: pytest.FixtureRequest, registered_env_id: str) -> dict:
     """Keyword arguments that make `registered_env_id` buildable in tests (see module docstring)."""
     family = entry(registered_env_id).family.lower()
     try:
-        return dict(request.getfixturevalue(f"contract_options_{family}"))
+        options = request.getfixturevalue(f"contract_options_{family}")
     except pytest.FixtureLookupError:
         return {}
+    return dict(options(registered_env_id) if callable(options) else options)
+
+
+@pytest.fixture(scope="session")
+def wiki_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real Lucene index (pyserini) of a slice of ../shared/data/wiki, built once per session."""
+    from retrieval_index.testing import build_wiki_slice_index
+
+    return build_wiki_slice_index(require_shared_data("wiki"), tmp_path_factory.mktemp("wiki_index") / "index")
+

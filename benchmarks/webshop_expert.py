@@ -1,0 +1,138 @@
+"""WebShop's expert (and the random agent) over every goal of a catalog, with the reason for each miss.
+
+For each goal the expert searches, opens the target, chooses the option values that score best, and
+buys. A goal it does not solve (reward < 1) is explained: the target was not found by its queries,
+or the target cannot reach 1.0 under WebShop's reward (with, for each goal option that no option
+value of the target matches, the texts the reward compares and their token-set score).
+
+    .venv/bin/python benchmarks/webshop_expert.py                     # ../shared/data/webshop, all goals
+    .venv/bin/python benchmarks/webshop_expert.py --catalog builtin --split test
+
+Prints success rate, mean score and mean turns of the expert and the random agent, then one line
+per failed goal; `--json PATH` also writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import agentgym_opsd  # noqa: E402
+from agentgym_opsd.agents import ExpertAgent, RandomAgent  # noqa: E402
+from agentgym_opsd.io import atomic_write_json  # noqa: E402
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes  # noqa: E402
+from environments.webshop.reward import MATCH_THRESHOLD, _fuzz_text, normalize_color, token_set_score  # noqa: E402
+
+DEFAULT_CATALOG = REPO.parent / "shared" / "data" / "webshop"
+
+
+def _shown(value) -> str:
+    return " ".join(_fuzz_text(value).split())
+
+
+def explain_option(goal_option, target_values: list[str]) -> str:
+    """Why no option value of the target matches one goal option under WebShop's option reward."""
+    wanted = normalize_color(goal_option)
+    label = f"{goal_option[0]}: {goal_option[1]}" if isinstance(goal_option, tuple) else goal_option
+    if not target_values:
+        return f"goal option {label!r}: the target has no option values"
+    value = goal_option[1] if isinstance(goal_option, tuple) else goal_option
+    parts = [f"goal option {label!r} is compared as {_shown(wanted)!r}"]
+    if value in target_values:
+        own = token_set_score(normalize_color(value), wanted)
+        parts.append(f"choosing {value!r} itself gives {_shown(normalize_color(value))!r}: score {own}")
+    best = max(target_values, key=lambda v: token_set_score(normalize_color(v), wanted))
+    score = token_set_score(normalize_color(best), wanted)
+    parts.append(f"best of the target's values: {best!r} -> {_shown(normalize_color(best))!r}, score {score} (needs > {MATCH_THRESHOLD})")
+    return "; ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--catalog", default=str(DEFAULT_CATALOG) if DEFAULT_CATALOG.exists() else "builtin")
+    parser.add_argument("--split", default="all", choices=["test", "eval", "train", "all"])
+    parser.add_argument("--index-dir", default=None, help="index folder (default: a temporary one, built here)")
+    parser.add_argument("--json", default=None, help="also write the figures and failures to this JSON file")
+    args = parser.parse_args(argv)
+
+    index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-expert-")) / "index")
+    catalog = None if args.catalog == "builtin" else args.catalog
+
+    def make():
+        return agentgym_opsd.make("agentgym/WebShop-v0", catalog=catalog, index_dir=index_dir, split=args.split)
+
+    probe = make().unwrapped
+    n = probe.num_tasks
+    requests = [EpisodeRequest(seed=i) for i in range(n)]
+    results = {}
+    for name, agent in (("expert", ExpertAgent()), ("random", RandomAgent(0))):
+        episodes = run_episodes(make, agent, requests, num_envs=8, progress=f"{name} on {n} goals")
+        results[name] = episodes
+        scores = [e.hindsight.score for e in episodes]
+        print(
+            f"{name:<7} goals {n}  success {sum(e.hindsight.success for e in episodes) / n:.4f}  "
+            f"mean score {statistics.fmean(scores):.4f}  mean turns {statistics.fmean(e.num_turns for e in episodes):.2f}"
+        )
+
+    failures = []
+    world = probe.world
+    for episode in tqdm(results["expert"], desc="explaining misses", disable=True):
+        if episode.hindsight.success:
+            continue
+        details = episode.hindsight.details
+        goal = world.goals[details["goal_index"]]
+        target = world.catalog.by_asin[goal.asin]
+        purchased = details["purchased"] or {}
+        reasons = []
+        if purchased.get("asin") != goal.asin:
+            reasons.append(f"the target {goal.asin} was not found by the expert's queries (bought {purchased.get('asin')})")
+        else:
+            info = details["reward_info"]
+            wanted = list(goal.goal_options.items()) if isinstance(goal.goal_options, dict) else list(goal.goal_options)
+            values = [v for vs in target.options.values() for v in vs]
+            for g in wanted:
+                label = f"{g[0]}: {g[1]}" if isinstance(g, tuple) else g
+                if label in info["missed_options"]:
+                    reasons.append(explain_option(g, values))
+            for a in info["missed_attributes"]:
+                reasons.append(f"goal attribute {a!r} is in neither the target's attributes (fuzzy) nor its texts")
+            if not info["r_price"]:
+                reasons.append(f"price {info['price']:.2f} above the bound {goal.price_upper:.2f}")
+            if info["r_type"] < 1:
+                reasons.append(f"type reward {info['r_type']}")
+        failures.append({"task_id": episode.task_id, "score": episode.hindsight.score, "asin": goal.asin, "reasons": reasons})
+
+    print(f"\nexpert misses: {len(failures)}")
+    for f in failures:
+        print(f"  {f['task_id']}  score {f['score']:.3f}  {f['asin']}: " + " | ".join(f["reasons"]))
+    kinds = Counter("not found" if "not found" in " ".join(f["reasons"]) else "unattainable on the target" for f in failures)
+    print(f"by cause: {dict(kinds)}")
+    if args.json:
+        atomic_write_json(
+            args.json,
+            {
+                name: {
+                    "goals": n,
+                    "success": sum(e.hindsight.success for e in eps) / n,
+                    "mean_score": statistics.fmean(e.hindsight.score for e in eps),
+                    "mean_turns": statistics.fmean(e.num_turns for e in eps),
+                }
+                for name, eps in results.items()
+            }
+            | {"expert_failures": failures},
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""WebShop speed and memory: one process holding many env instances over the same catalog.
+
+Measures, for `--envs` instances (default 64) made with `gymnasium.make("agentgym/WebShop-v0")`:
+
+- memory: the process's resident memory and Python heap (tracemalloc) after the first env (which
+  loads the catalog, goals and Lucene index) and after all of them; the growth per extra instance
+  before and after every instance has played episodes (its per-episode state, measured as the heap
+  freed when the instances are dropped), against the shared world's size. RSS after the episodes
+  also holds the JVM's heap growth from the searches, which is one per process. The catalog and index are shared, so an instance must add only its episode state.
+- latency: wall time of `reset` and `step`, per step kind (search, click, Buy Now), over
+  `--episodes` episodes per env of a mixed agent (the expert's moves, with random admissible
+  clicks mixed in), round-robin over the instances as a rollout would.
+
+    .venv/bin/python benchmarks/webshop_speed.py                         # ../shared/data/webshop, 64 envs
+    .venv/bin/python benchmarks/webshop_speed.py --catalog builtin --envs 16
+
+Prints a table of figures; `--json PATH` also writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import agentgym_opsd  # noqa: E402
+from agentgym_opsd.io import atomic_write_json  # noqa: E402
+
+DEFAULT_CATALOG = REPO.parent / "shared" / "data" / "webshop"
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process (Linux /proc; falls back to the peak from getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def heap_bytes() -> int:
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--catalog", default=str(DEFAULT_CATALOG) if DEFAULT_CATALOG.exists() else "builtin",
+                        help="a WebShop data folder or file, or 'builtin' (default: ../shared/data/webshop)")
+    parser.add_argument("--envs", type=int, default=64, help="env instances in the process")
+    parser.add_argument("--episodes", type=int, default=3, help="episodes per instance for the latency figures")
+    parser.add_argument("--index-dir", default=None, help="index folder (default: a temporary one, built here)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+
+    index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-speed-")) / "index")
+    catalog = None if args.catalog == "builtin" else args.catalog
+
+    def make():
+        return agentgym_opsd.make("agentgym/WebShop-v0", catalog=catalog, index_dir=index_dir, split="all")
+
+    tracemalloc.start()
+    rss0, heap0 = rss_bytes(), heap_bytes()
+    t0 = time.perf_counter()
+    first = make()
+    build_s = time.perf_counter() - t0
+    rss1, heap1 = rss_bytes(), heap_bytes()
+    world = first.unwrapped.world
+
+    t0 = time.perf_counter()
+    envs = [first] + [make() for _ in range(args.envs - 1)]
+    make_ms = (time.perf_counter() - t0) / max(args.envs - 1, 1) * 1000
+    rss_all, heap_all = rss_bytes(), heap_bytes()
+    assert all(e.unwrapped.world is world for e in envs), "env instances do not share one world"
+
+    # Latency: round-robin over the instances, each playing `--episodes` episodes.
+    rng = np.random.default_rng(args.seed)
+    timings: dict[str, list[float]] = {"reset": [], "search": [], "click": [], "buy": []}
+    n_tasks = envs[0].unwrapped.num_tasks
+    live = []
+    for k, env in enumerate(envs):
+        t = time.perf_counter()
+        env.reset(seed=(args.seed + k) % n_tasks)
+        timings["reset"].append(time.perf_counter() - t)
+        live.append([env, 0])
+    scores = []
+    while live:
+        still = []
+        for slot in live:
+            env, done_episodes = slot
+            raw = env.unwrapped
+            admissible = raw.admissible_actions()
+            if rng.random() < 0.3 and admissible:  # a random detour now and then, as a learner would
+                turn = raw.format_action(admissible[int(rng.integers(len(admissible)))])
+            else:
+                turn = raw.expert_action() or ""
+            kind = "search" if "search[" in turn else ("buy" if "Buy Now" in turn or "buy now" in turn else "click")
+            t = time.perf_counter()
+            _, reward, terminated, truncated, info = env.step(turn)
+            timings[kind].append(time.perf_counter() - t)
+            if terminated or truncated:
+                scores.append(float(info["hindsight"].score))
+                done_episodes += 1
+                if done_episodes < args.episodes:
+                    t = time.perf_counter()
+                    env.reset(seed=int(rng.integers(n_tasks)))
+                    timings["reset"].append(time.perf_counter() - t)
+                    still.append([env, done_episodes])
+            else:
+                still.append([env, done_episodes])
+        live = still
+    rss_played, heap_played = rss_bytes(), heap_bytes()
+    # What the instances themselves hold: drop all but the first and see the heap fall.
+    search_cache = len(world.search._cache)
+    for env in envs[1:]:
+        env.close()
+    del envs[1:], live, slot, env, raw
+    heap_dropped = heap_bytes()
+
+    per_env_heap = (heap_all - heap1) / max(args.envs - 1, 1)
+    per_env_heap_played = (heap_played - heap_dropped) / max(args.envs - 1, 1)
+    shared_growth = heap_dropped - heap1  # query cache, noun cache: shared, grows with distinct queries
+    per_env_rss = (rss_all - rss1) / max(args.envs - 1, 1)
+    world_heap = heap1 - heap0
+    figures = {
+        "catalog": world.catalog.name,
+        "products": len(world.catalog),
+        "goals": len(world.goals),
+        "envs": args.envs,
+        "first_env_build_s": round(build_s, 3),
+        "extra_env_make_ms": round(make_ms, 3),
+        "rss_before_mb": round(rss0 / 2**20, 1),
+        "rss_one_env_mb": round(rss1 / 2**20, 1),
+        "rss_all_envs_mb": round(rss_all / 2**20, 1),
+        "rss_after_episodes_mb": round(rss_played / 2**20, 1),
+        "world_python_heap_mb": round(world_heap / 2**20, 2),
+        "per_env_python_heap_kb": round(per_env_heap / 1024, 2),
+        "per_env_python_heap_after_episodes_kb": round(per_env_heap_played / 1024, 2),
+        "per_env_rss_kb": round(per_env_rss / 1024, 1),
+        "per_env_over_world_heap": round(per_env_heap_played / world_heap, 5) if world_heap else None,
+        "shared_cache_growth_kb": round(shared_growth / 1024, 1),
+        "cached_queries": search_cache,
+        "episodes": len(scores),
+        "mean_score": round(statistics.fmean(scores), 4) if scores else None,
+    }
+    for kind, values in timings.items():
+        ms = [v * 1000 for v in values]
+        figures[f"{kind}_n"] = len(ms)
+        figures[f"{kind}_ms_mean"] = round(statistics.fmean(ms), 3) if ms else None
+        figures[f"{kind}_ms_p50"] = round(percentile(ms, 50), 3)
+        figures[f"{kind}_ms_p95"] = round(percentile(ms, 95), 3)
+    steps = [v for k in ("search", "click", "buy") for v in timings[k]]
+    figures["step_ms_mean"] = round(statistics.fmean(steps) * 1000, 3)
+    figures["steps_per_s"] = round(len(steps) / sum(steps), 1)
+    tracemalloc.stop()
+
+    width = max(len(k) for k in figures)
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value}")
+    if args.json:
+        atomic_write_json(args.json, figures)
+    envs[0].close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""WebShop: buy what an instruction asks for on WebShop's text pages, scored by WebShop's reward.
+
+A faithful, light version of WebShop (Yao et al., 2022; princeton-nlp/WebShop): its catalog file
+formats, goals, splits, pages (text observation mode) and reward, with BM25 search through the
+project's Lucene index. Without a catalog path the env plays an embedded SYNTHETIC catalog made by
+this project (see `builtin.py`); real catalogs load from WebShop's own files (`catalog=PATH`).
+
+This module stays light: `register()` only records the Gymnasium id; the env class is imported
+when an env is made.
+"""
+
+from __future__ import annotations
+
+__all__ = ["register", "ENV_ID"]
+
+ENV_ID = "agentgym/WebShop-v0"
+
+
+def _split_size(split: str) -> int:
+    from environments.webshop.world import get_world  # noqa: PLC0415 (loads the catalog)
+
+    return len(get_world().splits[split])
+
+
+def register() -> None:
+    """Register `agentgym/WebShop-v0` (entry point of the `agentgym_opsd.envs` group)."""
+    from agentgym_opsd.registry import register_env  # noqa: PLC0415
+
+    register_env(
+        ENV_ID,
+        "environments.webshop.env:WebShopEnv",
+        family="WebShop",
+        subset="all",
+        splits=("test", "eval", "train", "all"),
+        description="WebShop shopping (pages and reward as WebShop); built-in SYNTHETIC catalog unless catalog=PATH",
+        sizes=_split_size,
+    )

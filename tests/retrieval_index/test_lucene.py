@@ -1,0 +1,168 @@
+"""The Lucene layer on real pyserini/Anserini indexes: building, storing, BM25 search, threads, errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from agentgym_opsd.io import DataFileError
+from retrieval_index.corpus import normalize_record, split_title
+from retrieval_index.lucene import MAX_QUERY_CHARS, BM25Searcher, Hit, IndexNotFound, build_index, read_index_info
+from retrieval_index.testing import wiki_slice_records
+
+
+@pytest.fixture(scope="module")
+def searcher(wiki_index: Path):
+    with BM25Searcher(wiki_index) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def slice_records(shared_data) -> list[dict]:
+    return list(wiki_slice_records(shared_data("wiki")))
+
+
+def test_index_holds_every_passage_verbatim(wiki_index: Path, searcher: BM25Searcher, slice_records) -> None:
+    info = read_index_info(wiki_index)
+    assert info is not None and info["num_docs"] == len(slice_records) == searcher.num_docs
+    for record in slice_records[::97]:
+        assert searcher.doc(record["id"]) == record["contents"]
+        assert json.loads(searcher.raw(record["id"])) == record
+    assert searcher.doc("no-such-id") is None
+
+
+def test_a_passage_is_found_by_its_own_words(searcher: BM25Searcher, slice_records) -> None:
+    found = 0
+    sample = slice_records[::53]
+    for record in sample:
+        title, text = split_title(record["contents"])
+        query = " ".join(text.split()[:12])
+        hits = searcher.search(query, k=3)
+        assert all(isinstance(h, Hit) for h in hits)
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        by_id = {h.docid: h.contents for h in hits}
+        if record["id"] in by_id:
+            found += 1
+            assert by_id[record["id"]] == record["contents"]
+    # Twelve words of a passage nearly always retrieve it in the top 3 (near-duplicate passages aside).
+    assert found >= 0.9 * len(sample), f"{found} of {len(sample)}"
+
+
+def test_batch_search_equals_one_by_one_in_order(searcher: BM25Searcher) -> None:
+    queries = ["capital of France", "", "who wrote the origin of species", "the", "VIVA Media acronym", "Paris"]
+    batch = searcher.batch_search(queries, k=5, threads=2)
+    assert len(batch) == len(queries)
+    for query, hits in zip(queries, batch, strict=True):
+        single = searcher.search(query, k=5)
+        assert [(h.docid, round(h.score, 4)) for h in hits] == [(h.docid, round(h.score, 4)) for h in single]
+    assert batch[1] == [] and batch[3] == []  # empty and all-stopword queries match nothing
+    assert batch[0] and batch[2]
+
+
+def test_queries_beyond_lucenes_default_clause_limit_work(searcher: BM25Searcher) -> None:
+    # 1,500 distinct terms: more than Lucene's default maxClauseCount (1024), under our character cap.
+    query = " ".join(f"t{i}" for i in range(1500)) + " France"
+    assert len(query) < MAX_QUERY_CHARS
+    assert searcher.search(query, k=2)
+    assert searcher.batch_search([query, "Paris"], k=2, threads=2)[1]
+    with pytest.raises(ValueError, match="limit"):
+        searcher.search("x" * (MAX_QUERY_CHARS + 1), k=2)
+    with pytest.raises(ValueError):
+        searcher.search("Paris", k=0)
+
+
+def test_concurrent_threads_get_the_same_answers_as_one_thread(searcher: BM25Searcher) -> None:
+    queries = [f"{w} history" for w in ("France", "Egypt", "music", "river", "war", "physics", "Rome", "film")]
+    expected = [[h.docid for h in searcher.search(q, k=3)] for q in queries]
+    errors: list[BaseException] = []
+    got: dict[int, list[list[str]]] = {}
+
+    def work(worker: int) -> None:
+        try:
+            out = []
+            for round_ in range(6):
+                if (worker + round_) % 2:
+                    out.extend([h.docid for h in hits] for hits in searcher.batch_search(queries, k=3, threads=2))
+                else:
+                    out.extend([h.docid for h in searcher.search(q, k=3)] for q in queries)
+            got[worker] = out
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert all(got[i] == expected * 6 for i in range(8))
+
+
+def test_bm25_parameters_are_applied(wiki_index: Path, searcher: BM25Searcher) -> None:
+    query = "river flowing through the city"
+    with BM25Searcher(wiki_index, k1=1.2, b=0.75) as other:
+        default = searcher.search(query, k=10)
+        tuned = other.search(query, k=10)
+    assert [round(h.score, 4) for h in default] != [round(h.score, 4) for h in tuned]
+
+
+def test_build_from_title_text_records_and_overwrite(tmp_path: Path) -> None:
+    records = [
+        {"id": 1, "title": "Zorblax", "text": "Zorblax is a purple moon of the planet Quennic."},
+        {"id": "b", "title": "Quennic", "text": "Quennic is a gas giant orbiting the star Velm."},
+    ]
+    out = tmp_path / "idx"
+    info = build_index(records, out, progress=False)
+    assert info.num_docs == 2 and (out / "agentgym_index.json").exists()
+    with BM25Searcher(out) as s:
+        hits = s.search("purple moon", k=2)
+        assert hits[0].docid == "1"
+        assert split_title(hits[0].contents) == ("Zorblax", records[0]["text"])
+    with pytest.raises(FileExistsError, match="overwrite"):
+        build_index(records, out, progress=False)
+    build_index(records[1:], out, progress=False, overwrite=True)
+    with BM25Searcher(out) as s:
+        assert s.num_docs == 1 and s.doc("1") is None
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary build folders left behind"
+
+
+def test_corrupt_corpus_names_file_and_line_and_leaves_nothing(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "contents": "\\"A\\"\\nfine"}\n\n{"id": "b", "contents": 3}\n')
+    out = tmp_path / "idx"
+    with pytest.raises(DataFileError, match=r"corpus\.jsonl:3: 'contents' must be a string"):
+        build_index(corpus, out, progress=False)
+    corpus.write_text('{"id": "a", "contents": "x"}\n{"id": "b", "conte')
+    with pytest.raises(DataFileError, match=r"corpus\.jsonl:2: invalid JSON"):
+        build_index(corpus, out, progress=False)
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    with pytest.raises(FileNotFoundError):
+        build_index(tmp_path / "missing.jsonl", out, progress=False)
+
+
+def test_normalize_record_errors() -> None:
+    assert normalize_record({"id": 7, "contents": "x"}, "w") == {"id": "7", "contents": "x"}
+    assert normalize_record({"id": "a", "title": "T", "text": "b"}, "w")["contents"] == '"T"\nb'
+    for bad in ({"contents": "x"}, {"id": "", "contents": "x"}, {"id": True, "contents": "x"}, {"id": "a"}, [1]):
+        with pytest.raises(DataFileError, match="f.jsonl:9"):
+            normalize_record(bad, "f.jsonl:9")
+
+
+def test_missing_index_says_how_to_build_one(tmp_path: Path) -> None:
+    with pytest.raises(IndexNotFound, match="agentgym-opsd index build"):
+        BM25Searcher(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(IndexNotFound, match="not a Lucene index"):
+        BM25Searcher(tmp_path / "empty")
+
+
+def test_closed_searcher_refuses(wiki_index: Path) -> None:
+    s = BM25Searcher(wiki_index)
+    s.close()
+    s.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        s.search("Paris", k=1)
