@@ -77,6 +77,7 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--save-every", type=int, help="checkpoint every N updates (default 1)")
     g.add_argument("--num-envs", type=int, help="episodes played at once (default: all of an update)")
     g.add_argument("--seed", type=int, help="run seed (default 0)")
+    g.add_argument("--cpu-threads", type=int, help="torch threads on CPU (default 1: fastest for tiny models; 0: torch's default)")
     g.add_argument("--device", help="auto (default: CUDA when present), cpu, cuda")
     g.add_argument("--dtype", help="auto (default: bf16 on CUDA, float32 on CPU), float32, bfloat16")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bars")
