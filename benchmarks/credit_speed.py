@@ -1,0 +1,126 @@
+"""How fast is the credit core? Every method next to GRPO on one synthetic batch, in one run.
+
+The batch: 512 episodes x 20 turns x 128 generated tokens per turn (1.31M generated tokens), groups of
+8, random outcomes, step rewards and state keys drawn from a small set (so GiGPO clusters), random
+student and teacher log-probs. Two row layouts:
+    full   one row per episode: a 64-token prompt, then per turn 128 generated tokens (the last 24
+           are the action block, StepOPSD's `action_only` span) and a 32-token observation;
+    window one row per turn: a 256-token prompt and the turn's 128 generated tokens.
+Each method's `compute_advantages` (validation and diagnostics included: the real call) is timed over
+several runs after a warm-up; the table shows the fastest run (the least disturbed by other jobs on a
+shared machine), the median, and the median process CPU time. Targets (issue 4): under 50 ms per 100k generated tokens,
+and no method over 20x GRPO's time.
+
+    .venv/bin/python benchmarks/credit_speed.py [--episodes 512] [--turns 20] [--tokens 128] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from trainer.credit import CreditBatch, CreditConfig, compute_advantages
+
+METHODS = ["grpo", "gigpo", "stepopsd", "agentopsd", "rlsd"]
+
+
+def make_batch(episodes: int, turns: int, tokens: int, layout: str, group_size: int = 8, seed: int = 0) -> CreditBatch:
+    g = torch.Generator().manual_seed(seed)
+    E, K, L = episodes, turns, tokens
+    action = min(24, L)
+    if layout == "full":
+        prompt, obs = 64, 32
+        T = prompt + K * (L + obs)
+        turn_id = torch.full((E, T), -1, dtype=torch.long)
+        span = torch.zeros(E, T, dtype=torch.bool)
+        for k in range(K):  # building the synthetic layout, not part of the timed credit math
+            start = prompt + k * (L + obs)
+            turn_id[:, start : start + L] = k
+            span[:, start + L - action : start + L] = True
+        row_episode = torch.arange(E)
+    elif layout == "window":
+        prompt = 256
+        T = prompt + L
+        R = E * K
+        turn_id = torch.full((R, T), -1, dtype=torch.long)
+        turn_id[:, prompt:] = torch.arange(K).repeat(E).unsqueeze(1)
+        span = torch.zeros(R, T, dtype=torch.bool)
+        span[:, T - action :] = True
+        row_episode = torch.arange(E).repeat_interleave(K)
+    else:
+        raise ValueError(layout)
+    R = turn_id.shape[0]
+    student = -torch.rand(R, T, generator=g) * 3.0
+    teacher = student + torch.randn(R, T, generator=g)
+    return CreditBatch(
+        turn_id=turn_id,
+        span=span,
+        row_episode=row_episode,
+        episode_group=torch.arange(E) // group_size,
+        success=torch.rand(E, generator=g) < 0.4,
+        num_turns=torch.full((E,), K, dtype=torch.long),
+        score=torch.rand(E, generator=g),
+        invalid_turns=torch.randint(0, 3, (E,), generator=g),
+        step_reward=(torch.rand(E, K, generator=g) < 0.1).to(torch.float32),
+        state_id=torch.randint(0, 30, (E, K), generator=g),
+        student_logprobs=student,
+        teacher_logprobs=teacher,
+    )
+
+
+def time_method(batch: CreditBatch, method: str, repeats: int) -> tuple[float, float, float]:
+    """(min wall, median wall, median process CPU) seconds of one `compute_advantages` call."""
+    span_mode = "clean_step" if method in ("agentopsd", "rlsd") else "action_only"
+    config = CreditConfig(method=method, span_mode=span_mode)
+    compute_advantages(batch, config, step=3)  # warm-up
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        compute_advantages(batch, config, step=3)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return min(wall), statistics.median(wall), statistics.median(cpu)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--episodes", type=int, default=512)
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=128, help="generated tokens per turn")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--layouts", default="full,window")
+    args = parser.parse_args()
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}")
+    generated = args.episodes * args.turns * args.tokens
+    for layout in args.layouts.split(","):
+        batch = make_batch(args.episodes, args.turns, args.tokens, layout)
+        R, T = batch.turn_id.shape
+        print(
+            f"\nlayout {layout}: {args.episodes} episodes x {args.turns} turns x {args.tokens} tokens/turn"
+            f" = {generated:,} generated tokens; batch [{R} x {T}] = {R * T:,} tokens"
+        )
+        print(
+            f"{'method':<10} {'min ms':>8} {'median ms':>10} {'cpu ms':>8} {'ms/100k gen':>12} {'x GRPO':>7}"
+            "  (ms/100k and x GRPO from the min; target <50 ms/100k, <=20x)"
+        )
+        base = None
+        for method in METHODS:
+            best, median, cpu = time_method(batch, method, args.repeats)
+            base = base if base is not None else best
+            per_100k = best * 1e3 / (generated / 1e5)
+            ok = "ok" if per_100k < 50 and best / base <= 20 else "MISS"
+            print(
+                f"{method:<10} {best * 1e3:>8.1f} {median * 1e3:>10.1f} {cpu * 1e3:>8.1f} {per_100k:>12.2f}"
+                f" {best / base:>7.2f}  {ok}"
+            )
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other jobs share these CPUs)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""CreditConfig: the spec's defaults per env family and method, validation, and the outcome reward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.credit import CreditConfig, env_family, outcome_reward
+
+
+def test_spec_defaults():
+    c = CreditConfig(method="stepopsd")
+    assert (c.alpha_clip, c.lam_mix, c.decay_steps, c.budget, c.budget_cap) == (0.2, 0.2, 50, True, 2.0)
+    assert (c.teacher_mode, c.teacher_refresh) == ("stale", 10)
+    c = CreditConfig(method="agentopsd", span_mode="clean_step")
+    assert (c.lam, c.b, c.belief_gamma, c.eps0, c.prior) == (0.5, 0.2, 0.95, 1e-3, "success")
+    c = CreditConfig(method="gigpo")
+    assert (c.gigpo_omega, c.gigpo_gamma) == (1.0, 0.95)
+    assert (c.success_scale, c.invalid_coef, c.adv_eps) == (1.0, 0.1, 1e-6)
+
+
+@pytest.mark.parametrize(
+    "env_id,family,span,invalid,score",
+    [
+        ("agentgym/ALFWorld-Heat-v0", "alfworld", "action_only", 0.1, 0.0),
+        ("agentgym/WebShop-v0", "webshop", "action_only", 0.1, 1.0),
+        ("agentgym/SearchQA-HotpotQA-v0", "searchqa", "clean_step", 0.01, 0.0),
+        ("example/GuessNumber-v0", "generic", "clean_step", 0.1, 0.0),
+    ],
+)
+def test_for_env(env_id, family, span, invalid, score):
+    assert env_family(env_id) == family
+    c = CreditConfig.for_env(env_id, "stepopsd")
+    assert (c.span_mode, c.invalid_coef, c.score_coef) == (span, invalid, score)
+    assert 0.05 <= c.lam_mix <= 0.2
+    # AgentOPSD always scores the whole response.
+    assert CreditConfig.for_env(env_id, "agentopsd").span_mode == "clean_step"
+    assert CreditConfig.for_env(env_id, "grpo", invalid_coef=0.5).invalid_coef == 0.5
+
+
+def test_release_preset():
+    c = CreditConfig.for_env("agentgym/ALFWorld-Pick-v0", "agentopsd", preset="release")
+    assert (c.belief_gamma, c.eps0, c.prior) == (1.0, 1e-4, "reward")
+    with pytest.raises(ValueError, match="preset"):
+        CreditConfig.for_env("x", "agentopsd", preset="paper2")
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"method": "ppo"}, "method"),
+        ({"method": "agentopsd", "span_mode": "action_only"}, "clean_step"),
+        ({"alpha_clip": 1.0}, "alpha_clip"),
+        ({"b": 1.5}, "b="),
+        ({"lam_mix": 1.2}, "lam_mix"),
+        ({"eps0": 0.0}, "eps0"),
+        ({"budget_cap": 0.5}, "budget_cap"),
+        ({"teacher_mode": "frozen"}, "teacher_mode"),
+        ({"span_mode": "all"}, "span_mode"),
+    ],
+)
+def test_bad_values_are_refused_with_the_rule(kw, match):
+    with pytest.raises(ValueError, match=match):
+        CreditConfig(**kw)
+
+
+def test_round_trip_and_lam_schedule():
+    c = CreditConfig.for_env("agentgym/ALFWorld-Heat-v0", "stepopsd", lam_mix=0.2, decay_steps=50)
+    assert CreditConfig.from_dict(c.to_dict()) == c
+    assert [round(c.lam_at(s), 6) for s in (0, 25, 50, 80)] == [0.2, 0.1, 0.0, 0.0]
+    assert c.replace(decay_steps=0).lam_at(1000) == 0.2
+    with pytest.raises(ValueError, match="unknown"):
+        CreditConfig.from_dict({"method": "grpo", "nope": 1})
+
+
+def test_outcome_reward():
+    success = torch.tensor([True, False, True])
+    score = torch.tensor([1.0, 0.4, 0.7])
+    invalid = torch.tensor([0, 3, 1])
+    # R = success_scale * success + score_coef * score - invalid_coef * invalid
+    R = outcome_reward(success, score, invalid, success_scale=2.0, score_coef=0.5, invalid_coef=0.1)
+    assert R.tolist() == pytest.approx([2.5, -0.1, 2.25])
+    assert outcome_reward(success).tolist() == [1.0, 0.0, 1.0]

@@ -1,0 +1,169 @@
+"""`compute_advantages`: the one entry point from a `CreditBatch` to per-token advantages.
+
+One code path for every method (spec section 0): outcome reward -> GRPO sequence advantage A ->
+reshaped by the chosen method -> [R, T] advantages that are 0 on every token the model did not
+generate. The diagnostics are spec section 5, as plain floats (and one histogram) ready to log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainer.credit.agentopsd import agentopsd_advantage
+from trainer.credit.batch import CreditBatch, TurnLayout
+from trainer.credit.config import CreditConfig
+from trainer.credit.evidence import token_gap, turn_evidence
+from trainer.credit.gigpo import discounted_returns, gigpo_token_advantage, step_advantage
+from trainer.credit.grpo import broadcast_to_tokens, grpo_episode_advantage, outcome_reward
+from trainer.credit.stepopsd import lam_schedule, stepopsd_advantage
+
+__all__ = ["compute_advantages", "episode_rewards"]
+
+B0_BINS = 10
+
+
+def episode_rewards(batch: CreditBatch, config: CreditConfig) -> torch.Tensor:
+    """R_i of every episode (spec section 0 step 2)  ->  [E] float64."""
+    return outcome_reward(
+        batch.success,
+        batch.score,
+        batch.invalid_turns,
+        success_scale=config.success_scale,
+        score_coef=config.score_coef,
+        invalid_coef=config.invalid_coef,
+    )
+
+
+def _mean_std(x: torch.Tensor) -> tuple[float, float]:
+    """Mean and population std (token-level float32 vectors stay float32: these are for logging)."""
+    if x.numel() == 0:
+        return 0.0, 0.0
+    mean = float(x.mean())
+    std = float(x.std(unbiased=False)) if x.numel() > 1 else 0.0
+    return mean, std
+
+
+def compute_advantages(
+    batch: CreditBatch, config: CreditConfig, step: int = 0, *, diagnostics: bool = True
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Per-token advantages for one update.
+
+    Args:
+        batch: the rows, their turn ids and spans, the episodes' outcomes and groups, and (for the
+            teacher methods) student and teacher log-probs; GiGPO also reads step rewards and state ids.
+        config: the method and its knobs.
+        step: the update number (StepOPSD's lam_t schedule).
+        diagnostics: compute the section-5 diagnostics (cheap; off only for benchmarks of the math).
+
+    Returns:
+        (advantages [R, T] float32, 0 on tokens the model did not generate;
+         diagnostics: dict of floats, keys prefixed "credit/", plus "credit/b0_hist" a list of counts).
+    """
+    method = config.method
+    batch.validate(needs_teacher=config.needs_teacher, needs_steps=(method == "gigpo"))
+    layout = TurnLayout.of(batch)  # the N generated tokens, flat; all token math runs on them
+    eps = config.adv_eps
+
+    # -- section 0, steps 2-3: outcome reward and GRPO sequence advantage, broadcast to tokens
+    R = episode_rewards(batch, config)                                                 # R_i
+    A_episode = grpo_episode_advantage(R, batch.episode_group, eps)                   # A_i
+    A = broadcast_to_tokens(A_episode, layout)                                        # A_{i,t}, [N]
+    diag: dict[str, Any] = {}
+    parts: dict[str, torch.Tensor] = {}
+    delta = evidence = scored = None
+
+    if method == "grpo":
+        A_out = A
+    elif method == "gigpo":
+        returns = discounted_returns(batch.step_reward, layout.exists, config.gigpo_gamma)   # R_t
+        A_step = step_advantage(returns, layout.exists, batch.episode_group, batch.state_id, eps)
+        A_out = gigpo_token_advantage(A_episode, A_step, layout, config.gigpo_omega)
+        parts["A_step"] = A_step
+    else:
+        # -- section 0, step 6: token gap on the scored span, turn evidence
+        span = layout.span
+        scored = span if batch.teacher_scored is None else span & layout.take(batch.teacher_scored)
+        delta = token_gap(
+            layout.take(batch.teacher_logprobs), layout.take(batch.student_logprobs), scored, config.max_abs_gap
+        )
+        if method in ("stepopsd", "rlsd"):
+            lam_t = lam_schedule(config.lam_mix, step, config.decay_steps)
+            A_out, parts = stepopsd_advantage(
+                A, delta, span, layout, lam=lam_t, alpha=config.alpha_clip, budget=config.budget,
+                cap=config.budget_cap, eps=eps, weights=method, rlsd_clip=config.rlsd_clip,
+            )
+            diag["credit/lam_t"] = lam_t
+        elif method == "agentopsd":
+            evidence = turn_evidence(delta, layout, scored)                            # e_k
+            prior = batch.success if config.prior == "success" else R
+            A_out, parts = agentopsd_advantage(
+                A, A_episode, evidence, prior, batch.episode_group, layout,
+                lam=config.lam, b=config.b, gamma=config.belief_gamma, eps0=config.eps0, eps=eps,
+            )
+            diag["credit/lam_t"] = float(config.lam)
+        else:  # pragma: no cover - CreditConfig validates the method
+            raise ValueError(method)
+
+    if diagnostics:
+        diag.update(_diagnostics(batch, config, layout, R, A_episode, A, A_out, delta, scored, evidence, parts))
+    return layout.to_rows(A_out), diag
+
+
+def _diagnostics(
+    batch: CreditBatch,
+    config: CreditConfig,
+    layout: TurnLayout,
+    R: torch.Tensor,
+    A_episode: torch.Tensor,
+    A: torch.Tensor,
+    A_out: torch.Tensor,
+    delta: torch.Tensor | None,
+    scored: torch.Tensor | None,
+    evidence: torch.Tensor | None,
+    parts: dict[str, torch.Tensor],
+) -> dict[str, Any]:
+    """Spec section 5: what to log per update (token tensors are the layout's flat [N] vectors)."""
+    d: dict[str, Any] = {}
+    d["credit/reward_mean"], d["credit/reward_std"] = _mean_std(R)
+    d["credit/success_rate"] = float(batch.success.to(torch.float64).mean()) if batch.num_episodes else 0.0
+    d["credit/generated_tokens"] = float(layout.num_generated)
+    d["credit/zero_adv_episodes"] = float((A_episode == 0).to(torch.float64).mean()) if A_episode.numel() else 0.0
+    std_A = float(A.std(unbiased=False)) if A.numel() > 1 else 0.0
+    std_At = float(A_out.std(unbiased=False)) if A_out.numel() > 1 else 0.0
+    d["credit/adv_mean"] = float(A_out.mean()) if A_out.numel() else 0.0
+    d["credit/adv_std_ratio"] = std_At / std_A if std_A > 0 else 1.0                  # std(A~) / std(A)
+    if "A_step" in parts:
+        d["credit/step_adv_mean"], d["credit/step_adv_std"] = _mean_std(parts["A_step"][layout.exists])
+    if delta is not None and scored is not None:
+        d["credit/delta_mean"], d["credit/delta_std"] = _mean_std(delta[scored])     # mean(delta) ~ -KL
+        d["credit/scored_tokens"] = float(scored.sum())
+        d["credit/teacher_truncated"] = float(batch.teacher_truncated)
+        has_span = layout.turn_count(scored) > 0
+        ev = evidence if evidence is not None else turn_evidence(delta, layout, scored)
+        d["credit/evidence_mean"], d["credit/evidence_std"] = _mean_std(ev[has_span])  # mean e_k
+    if config.method in ("stepopsd", "rlsd") and "w" in parts:
+        w = parts["w"][layout.span]
+        bound = config.alpha_clip if config.method == "stepopsd" else config.rlsd_clip
+        d["credit/weight_mean"] = float(w.mean()) if w.numel() else 1.0
+        d["credit/weight_clip_frac"] = (
+            float(((w - 1.0).abs() >= bound - 1e-6).to(torch.float64).mean()) if w.numel() and bound > 0 else 0.0
+        )
+        if "c" in parts:
+            c = parts["c"][parts["budget_applied"]]
+            d["credit/budget_episodes"] = float(parts["budget_applied"].any(dim=1).sum())
+            d["credit/budget_coef_mean"], d["credit/budget_coef_std"] = _mean_std(c)
+            d["credit/budget_coef_min"] = float(c.min()) if c.numel() else 1.0
+            d["credit/budget_coef_max"] = float(c.max()) if c.numel() else 1.0
+    if config.method == "agentopsd" and "B" in parts:
+        B0 = parts["B"][:, 0]
+        d["credit/b0_mean"] = float(B0.mean()) if B0.numel() else 0.0
+        d["credit/b0_hist"] = torch.histc(B0, bins=B0_BINS, min=0.0, max=1.0).to(torch.long).tolist()
+        d["credit/dB_mean"], d["credit/dB_std"] = _mean_std(parts["dB"][layout.exists])
+        w = parts["w"][layout.exists]
+        d["credit/weight_mean"] = float(w.mean()) if w.numel() else 1.0
+        d["credit/weight_clip_frac"] = (
+            float(((w - 1.0).abs() >= config.b - 1e-9).to(torch.float64).mean()) if w.numel() and config.b > 0 else 0.0
+        )
+    return d

@@ -1,0 +1,216 @@
+"""`CreditConfig`: the method and every knob of ../shared/spec/credit.md, with the spec's defaults.
+
+Symbols in comments are the spec's. Per-env-family defaults (span mode, invalid penalty, mixing
+strength) come from `CreditConfig.for_env(env_id, method)`; anything can be overridden by keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CreditConfig", "METHODS", "SPAN_MODES", "RELEASE_PRESET", "env_family"]
+
+METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd", "rlsd")
+SPAN_MODES = ("action_only", "clean_step")
+PRIORS = ("success", "reward")
+
+# AgentOPSD `release` preset (spec section 2): reproduces the public code.
+RELEASE_PRESET: dict[str, Any] = {"belief_gamma": 1.0, "eps0": 1e-4, "prior": "reward"}
+
+
+def env_family(env_id: str) -> str:
+    """`alfworld`, `searchqa`, `webshop` or `generic`, read from a Gymnasium id or a family name."""
+    text = str(env_id).lower().replace("-", "").replace("_", "")
+    if "alfworld" in text:
+        return "alfworld"
+    if "searchqa" in text or "search" in text:
+        return "searchqa"
+    if "webshop" in text:
+        return "webshop"
+    return "generic"
+
+
+@dataclass(frozen=True)
+class CreditConfig:
+    """How episodes' outcomes become per-token advantages.
+
+    Section 0 (every method):
+        method: `grpo`, `gigpo`, `stepopsd`, `agentopsd` (or the optional `rlsd`).
+        success_scale: R_i = success_scale * success_i + score_coef * score_i - invalid_coef * n_invalid_i.
+        score_coef: weight of the env's graded score (1 for WebShop by `for_env`, else 0: an env that
+            only knows success reports score == success, and adding it would count success twice).
+        invalid_coef: penalty per invalid turn (0.1; 0.01 for Search-QA).
+        adv_eps: the 1e-6 in every `/ (std + 1e-6)`.
+        max_abs_gap: |lp_T - lp_S| is clamped to this many nats, so -inf log-probs cannot make NaN.
+            Far beyond where sigma() saturates, so it changes no finite result.
+
+    GiGPO (section 3):
+        gigpo_omega: omega in A = A_episode + omega * A_step.
+        gigpo_gamma: gamma in R_t = r_t + gamma * R_{t+1}.
+
+    StepOPSD (section 1):
+        span_mode: `action_only` (score the action block, tags included) or `clean_step` (the whole
+            turn response). AgentOPSD and RLSD always score the whole response.
+        alpha_clip: alpha in w_t = clip(2 sigma(sign(A) delta_t), 1 - alpha, 1 + alpha).
+        lam_mix: lam_mix, the mixing strength at step 0.
+        decay_steps: lam_t = lam_mix * max(0, 1 - step / decay_steps); <= 0 keeps lam_mix constant.
+        budget: the normalized per-step credit budget (on by default).
+        budget_cap: C, the budget coefficients are clipped to [1/C, C].
+        teacher_mode: `stale` (a policy snapshot refreshed every `teacher_refresh` updates) or `live`.
+        teacher_refresh: updates between snapshot refreshes.
+        hindsight_peer: add the first successful peer's trajectory to failed episodes of mixed groups.
+        hindsight_reference: add the env's hindsight reference (expert plan, gold answer, target).
+        peer_max_chars: the peer trajectory's text is cut at this many characters (with a visible
+            "[... N characters cut]" marker; counted in the teacher's stats).
+
+    AgentOPSD (section 2):
+        lam: lam, the mixing strength.
+        b: b, the turn weights are clip(1 + b z_k, 1 - b, 1 + b).
+        belief_gamma: gamma in c_k = gamma c_{k-1} + e_k.
+        eps0: B_0 is clipped to [eps0, 1 - eps0].
+        prior: `success` (B_0 = S_g / G, binary successes) or `reward` (the group's raw reward
+            mean; the `release` preset).
+        skills_dir: a folder of skill files replacing trainer/skills (None: the project's own).
+
+    RLSD (optional, section 3): w_t = clip(exp(sign(A) delta_t), 1 - rlsd_clip, 1 + rlsd_clip),
+        mixed like StepOPSD with lam_t.
+
+    Teacher scoring:
+        teacher_max_length: longest teacher sequence (None: the model's max_position_embeddings).
+    """
+
+    method: str = "grpo"
+    # -- section 0: outcome reward and sequence advantage
+    success_scale: float = 1.0
+    score_coef: float = 0.0
+    invalid_coef: float = 0.1
+    adv_eps: float = 1e-6
+    max_abs_gap: float = 1e4
+    # -- GiGPO
+    gigpo_omega: float = 1.0
+    gigpo_gamma: float = 0.95
+    # -- StepOPSD
+    span_mode: str = "action_only"
+    alpha_clip: float = 0.2
+    lam_mix: float = 0.2
+    decay_steps: int = 50
+    budget: bool = True
+    budget_cap: float = 2.0
+    teacher_mode: str = "stale"
+    teacher_refresh: int = 10
+    hindsight_peer: bool = True
+    hindsight_reference: bool = True
+    peer_max_chars: int = 4000
+    # -- AgentOPSD
+    lam: float = 0.5
+    b: float = 0.2
+    belief_gamma: float = 0.95
+    eps0: float = 1e-3
+    prior: str = "success"
+    skills_dir: str | None = None
+    # -- RLSD
+    rlsd_clip: float = 0.2
+    # -- teacher
+    teacher_max_length: int | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, rule: str) -> None:
+            raise ValueError(f"CreditConfig.{name}={getattr(self, name)!r}: {rule}")
+
+        if self.method not in METHODS:
+            bad("method", f"use one of {', '.join(METHODS)}")
+        if self.span_mode not in SPAN_MODES:
+            bad("span_mode", f"use one of {', '.join(SPAN_MODES)}")
+        if self.method in ("agentopsd", "rlsd") and self.span_mode != "clean_step":
+            bad("span_mode", f"{self.method} scores the whole turn response: use 'clean_step'")
+        if self.prior not in PRIORS:
+            bad("prior", f"use one of {', '.join(PRIORS)}")
+        if self.teacher_mode not in ("stale", "live"):
+            bad("teacher_mode", "use 'stale' or 'live'")
+        if not 0.0 <= self.alpha_clip < 1.0:
+            bad("alpha_clip", "must be in [0, 1) so that weights stay positive (signs preserved)")
+        if not 0.0 <= self.b < 1.0:
+            bad("b", "must be in [0, 1) so that weights stay positive (signs preserved)")
+        if not 0.0 <= self.rlsd_clip < 1.0:
+            bad("rlsd_clip", "must be in [0, 1)")
+        for name in ("lam", "lam_mix"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                bad(name, "must be in [0, 1]")
+        for name in ("belief_gamma", "gigpo_gamma"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                bad(name, "must be in [0, 1]")
+        if not 0.0 < self.eps0 < 0.5:
+            bad("eps0", "must be in (0, 0.5)")
+        if self.budget_cap < 1.0:
+            bad("budget_cap", "must be >= 1 (coefficients are clipped to [1/C, C])")
+        if not self.adv_eps > 0:
+            bad("adv_eps", "must be > 0")
+        if not self.max_abs_gap > 0:
+            bad("max_abs_gap", "must be > 0")
+        if self.teacher_refresh < 1:
+            bad("teacher_refresh", "must be >= 1")
+        if self.peer_max_chars < 0:
+            bad("peer_max_chars", "must be >= 0")
+        if self.teacher_max_length is not None and self.teacher_max_length < 2:
+            bad("teacher_max_length", "must be >= 2 or None")
+
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def needs_teacher(self) -> bool:
+        """StepOPSD, AgentOPSD and RLSD read teacher log-probs; GRPO and GiGPO do not."""
+        return self.method in ("stepopsd", "agentopsd", "rlsd")
+
+    def lam_at(self, step: int) -> float:
+        """StepOPSD/RLSD's lam_t = lam_mix * max(0, 1 - step / decay_steps) (constant if decay_steps <= 0)."""
+        if self.decay_steps <= 0:
+            return float(self.lam_mix)
+        return float(self.lam_mix) * max(0.0, 1.0 - float(step) / float(self.decay_steps))
+
+    def replace(self, **changes: Any) -> CreditConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CreditConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = set(d) - known
+        if extra:
+            raise ValueError(f"CreditConfig: unknown fields {sorted(extra)}")
+        return cls(**d)
+
+    @classmethod
+    def for_env(cls, env_id: str, method: str, *, preset: str = "default", **overrides: Any) -> CreditConfig:
+        """The spec's defaults for an env family and a method.
+
+        - ALFWorld: span `action_only`, invalid_coef 0.1, lam_mix 0.2.
+        - WebShop: span `action_only`, invalid_coef 0.1, lam_mix 0.2, score_coef 1 (graded reward).
+        - Search-QA: span `clean_step`, invalid_coef 0.01, lam_mix 0.1 (the spec allows 0.05 to 0.2).
+        - anything else: span `clean_step` (works for any action format), invalid_coef 0.1.
+        AgentOPSD and RLSD always score the whole response (`clean_step`).
+        `preset="release"` applies AgentOPSD's release preset (gamma 1, eps0 1e-4, reward prior).
+        Keyword overrides win over everything.
+        """
+        family = env_family(env_id)
+        values: dict[str, Any] = {"method": method}
+        if family in ("alfworld", "webshop"):
+            values.update(span_mode="action_only", invalid_coef=0.1, lam_mix=0.2)
+        elif family == "searchqa":
+            values.update(span_mode="clean_step", invalid_coef=0.01, lam_mix=0.1)
+        else:
+            values.update(span_mode="clean_step", invalid_coef=0.1)
+        if family == "webshop":
+            values["score_coef"] = 1.0
+        if method in ("agentopsd", "rlsd"):
+            values["span_mode"] = "clean_step"
+        if preset == "release":
+            values.update(RELEASE_PRESET)
+        elif preset != "default":
+            raise ValueError(f"preset {preset!r}: use 'default' or 'release'")
+        values.update(overrides)
+        return cls(**values)

@@ -1,0 +1,648 @@
+"""Teacher contexts and teacher scoring (spec sections 1 and 2, step 5 of section 0).
+
+The teacher is a causal LM (the policy, a snapshot of it, or the live one) that reads the SAME
+generated tokens as the student, with privileged text added to its context, in one extra no-grad
+pass. `score_teacher` returns its log-probs aligned to the rows (`TeacherScores.logprobs`, [R, T]).
+
+StepOPSD: a hindsight block inserted right before each turn's scored span:
+
+    <student's causal prefix up to the span start>
+    <hindsight>
+    final_correctness: correct | incorrect
+    peer_correct_trajectory: <peer_correct_trajectory> ... </peer_correct_trajectory>   (optional)
+    reference: ...                                                                      (optional)
+    </hindsight>
+    <the span>
+
+RLSD (optional baseline) uses the same hindsight context over whole responses (`clean_step`).
+The peer block goes only to failed episodes of mixed groups: the first successful episode of the
+group (in the order given), written as its actions and observations. The reference is the env's
+`Hindsight.reference` (expert plan, gold answers, target product).
+
+AgentOPSD: the privileged skill note prepended to the first message of the student prompt (the
+system message): "[Privileged Skill Information]\\n" + skill text + "\\n\\n" + the original content.
+The rest of the row (every response, observation and template token) is unchanged, so one forward
+per row scores every turn. Skill notes live in trainer/skills (see `skill_text`).
+
+Cost (N = rows, T = row length, P = privileged prefix tokens, K = turns per row, H = hindsight block
+tokens, L_k = span tokens of turn k, s_k = its start):
+    AgentOPSD: one forward per row of T + P tokens: N forwards, sum (T + P) tokens.
+    StepOPSD, packed (default with eager/sdpa attention): every insertion point of a row goes into
+        ONE sequence: the row's prefix up to the last insertion point, then for each turn a copy of
+        (hindsight block + span) that attends to the row prefix up to s_k and to itself (a custom
+        4-D attention mask, positions continuing from s_k). One forward per row: T + sum_k (H + L_k)
+        tokens, instead of sum_k (s_k + H + L_k) ~ K T / 2 for separate forwards. A row whose pack
+        would exceed the teacher's max length is split into several packs.
+    StepOPSD, per-turn (packing=False, or flash attention that has no custom masks): one sequence
+        per (row, turn): sum_k (s_k + H + L_k) tokens; window rows (one turn each) cost the same
+        either way.
+Truncation is never silent. A StepOPSD turn whose context does not fit is first scored without the
+peer trajectory (`peer_dropped`), then left unscored (`truncated`); an AgentOPSD row that does not
+fit has its tail unscored (`truncated`, `truncated_tokens`); the skill note is never cut. Unscored
+span tokens get `scored = False` and contribute no gap (delta = 0). Every count is in
+`TeacherScores.stats()` and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from agentgym_opsd.episode import Episode
+from trainer.credit.config import CreditConfig, env_family
+from trainer.rows import TokenRows, episode_messages, render_prompt
+
+__all__ = [
+    "TeacherScores",
+    "TeacherSequence",
+    "SKILL_HEADER",
+    "skill_text",
+    "privileged_messages",
+    "peer_episodes",
+    "hindsight_block",
+    "build_teacher_sequences",
+    "score_teacher",
+    "score_sequences",
+    "row_logprobs",
+]
+
+log = logging.getLogger(__name__)
+
+SKILL_HEADER = "[Privileged Skill Information]\n"
+SKILLS_DIR = Path(__file__).resolve().parent / "skills"
+
+_ALIASES = {
+    "alfworld": {
+        "pick_and_place_simple": "pick",
+        "look_at_obj_in_light": "look",
+        "pick_clean_then_place_in_recep": "clean",
+        "pick_heat_then_place_in_recep": "heat",
+        "pick_cool_then_place_in_recep": "cool",
+        "pick_two_obj_and_place": "pick_two",
+        "picktwo": "pick_two",
+        "pick2": "pick_two",
+        "pick_and_place": "pick",
+        "examine": "look",
+    },
+    "webshop": {"food": "grocery", "furniture": "garden", "home": "garden", "kitchen": "garden"},
+    "searchqa": {
+        "nq": "single_hop",
+        "nq_open": "single_hop",
+        "triviaqa": "single_hop",
+        "popqa": "single_hop",
+        "single": "single_hop",
+        "hotpotqa": "multi_hop",
+        "hotpot": "multi_hop",
+        "2wikimultihopqa": "multi_hop",
+        "2wiki": "multi_hop",
+        "musique": "multi_hop",
+        "bamboogle": "multi_hop",
+        "bridge": "multi_hop",
+        "comparison": "multi_hop",
+        "two_hop": "multi_hop",
+        "multi": "multi_hop",
+    },
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Privileged text
+
+
+def skill_text(env_id: str, task_type: str, skills_dir: str | Path | None = None) -> str:
+    """The skill note for a task: general.txt, then `<family>-<task type>.txt` when there is one.
+
+    Raises FileNotFoundError when the folder has no general.txt (a replaced folder must keep it).
+    """
+    folder = Path(skills_dir) if skills_dir is not None else SKILLS_DIR
+    general = folder / "general.txt"
+    if not general.is_file():
+        raise FileNotFoundError(f"skill folder {folder} has no general.txt (the note every task reads)")
+    parts = [general.read_text(encoding="utf-8").strip()]
+    family = env_family(env_id)
+    kind = str(task_type).strip().lower().replace("-", "_").replace(" ", "_")
+    for name in (kind, _ALIASES.get(family, {}).get(kind)):
+        if name and (folder / f"{family}-{name}.txt").is_file():
+            parts.append((folder / f"{family}-{name}.txt").read_text(encoding="utf-8").strip())
+            break
+    return "\n\n".join(p for p in parts if p)
+
+
+def privileged_messages(messages: list[dict[str, str]], skill: str) -> list[dict[str, str]]:
+    """AgentOPSD's teacher prompt: the skill note prepended to the first message's content."""
+    if not messages:
+        raise ValueError("no messages to add the skill note to")
+    first = dict(messages[0])
+    first["content"] = SKILL_HEADER + skill + "\n\n" + first["content"]
+    return [first] + [dict(m) for m in messages[1:]]
+
+
+def peer_episodes(episodes: Sequence[Episode], rows: TokenRows | None = None) -> dict[int, int]:
+    """{failed episode: the first successful episode of its group} for mixed groups."""
+    groups: dict[Any, list[int]] = {}
+    for i, ep in enumerate(episodes):
+        key = int(rows.episode_group[i]) if rows is not None else (ep.group or f"{ep.env_id}::{ep.task_id}")
+        groups.setdefault(key, []).append(i)
+    out = {}
+    for members in groups.values():
+        winners = [i for i in members if episodes[i].success]
+        if winners and len(winners) < len(members):
+            for i in members:
+                if not episodes[i].success:
+                    out[i] = winners[0]
+    return out
+
+
+def _peer_trajectory(peer: Episode, max_chars: int) -> tuple[str, bool]:
+    lines = []
+    for k, turn in enumerate(peer.turns, start=1):
+        lines.append(f"step {k}: {turn.action if turn.action is not None else '(invalid turn)'}")
+        lines.append(f"observation: {turn.observation}")
+    text = "\n".join(lines)
+    if len(text) > max_chars:
+        cut = len(text) - max_chars
+        return text[:max_chars] + f"\n[... {cut} characters cut]", True
+    return text, False
+
+
+def hindsight_block(
+    episode: Episode, peer: Episode | None, config: CreditConfig, *, with_peer: bool = True
+) -> tuple[str, bool]:
+    """StepOPSD's hindsight block for `episode` (and whether the peer text was cut)."""
+    lines = ["<hindsight>", f"final_correctness: {'correct' if episode.success else 'incorrect'}"]
+    cut = False
+    if with_peer and config.hindsight_peer and peer is not None:
+        text, cut = _peer_trajectory(peer, config.peer_max_chars)
+        lines.append(f"peer_correct_trajectory: <peer_correct_trajectory>\n{text}\n</peer_correct_trajectory>")
+    if config.hindsight_reference and episode.hindsight is not None and episode.hindsight.reference.strip():
+        lines.append(f"reference: {episode.hindsight.reference.strip()}")
+    lines.append("</hindsight>")
+    return "\n".join(lines) + "\n", cut
+
+
+# ---------------------------------------------------------------------------------------------
+# Teacher sequences
+
+
+@dataclass
+class TeacherSequence:
+    """One teacher input and where its log-probs go.
+
+    ids: [S] token ids. positions: [S] position ids.
+    segment: [S] segment of each token (0 = the row itself; 1, 2, ... = inserted copies).
+    prefix: [S] a token may also attend to row tokens at positions < prefix (0 for row tokens).
+    predict: [M] sequence positions whose next-token distribution scores a target.
+    target: [M] sequence positions of the target tokens.
+    row: the row the scores belong to. row_pos: [M] their positions in the row.
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    segment: torch.Tensor
+    prefix: torch.Tensor
+    predict: torch.Tensor
+    target: torch.Tensor
+    row: int
+    row_pos: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.numel())
+
+    @property
+    def packed(self) -> bool:
+        return bool((self.segment > 0).any())
+
+
+@dataclass
+class TeacherScores:
+    """Teacher log-probs aligned to the rows, and what it cost.
+
+    logprobs: [R, T] float32; lp_T at scored positions, 0 elsewhere.
+    scored: [R, T] bool; where the teacher scored (a subset of the rows' span).
+    """
+
+    logprobs: torch.Tensor
+    scored: torch.Tensor
+    forwards: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    truncated_tokens: int = 0
+    peer_dropped: int = 0
+    peer_cut: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, float]:
+        """Counters for the run log (`teacher/...`)."""
+        return {
+            "teacher/forwards": float(self.forwards),
+            "teacher/sequences": float(self.sequences),
+            "teacher/tokens": float(self.tokens),
+            "teacher/truncated": float(self.truncated),
+            "teacher/truncated_tokens": float(self.truncated_tokens),
+            "teacher/peer_dropped": float(self.peer_dropped),
+            "teacher/peer_cut": float(self.peer_cut),
+        }
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _row_first_messages(episode: Episode, rows: TokenRows, r: int) -> list[dict[str, str]]:
+    k = max(int(rows.row_turn[r]), 0)
+    return episode_messages(episode, k, rows.contexts[int(rows.row_episode[r])])
+
+
+def _agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters):
+    kwargs = rows.meta.get("chat_template_kwargs", {})
+    seqs = []
+    skill_cache: dict[tuple[str, str], str] = {}
+    for r in range(rows.num_rows):
+        episode = episodes[int(rows.row_episode[r])]
+        L, P = int(rows.length[r]), int(rows.prompt_len[r])
+        key = (episode.env_id, episode.task_type)
+        if key not in skill_cache:
+            skill_cache[key] = skill_text(episode.env_id, episode.task_type, config.skills_dir)
+        messages = _row_first_messages(episode, rows, r)
+        student_prompt = _encode(tokenizer, render_prompt(tokenizer, messages, **kwargs))
+        if student_prompt != rows.input_ids[r, :P].tolist():
+            raise ValueError(
+                f"row {r}: the prompt re-rendered from episode {episode.episode_id!r} does not match the row's "
+                "first tokens; build the rows and score the teacher with the same tokenizer and episodes"
+            )
+        teacher_prompt = _encode(tokenizer, render_prompt(tokenizer, privileged_messages(messages, skill_cache[key]), **kwargs))
+        shift = len(teacher_prompt) - P
+        ids = torch.tensor(teacher_prompt + rows.input_ids[r, P:L].tolist(), dtype=torch.long)
+        row_pos = (rows.span[r, :L] & (rows.turn_id[r, :L] >= 0)).nonzero().squeeze(1)
+        row_pos = row_pos[row_pos >= max(P, 1)]
+        if ids.numel() > max_length:
+            keep = row_pos + shift < max_length
+            counters["truncated"] += 1
+            counters["truncated_tokens"] += int((~keep).sum())
+            row_pos = row_pos[keep]
+            ids = ids[:max_length]
+        S = ids.numel()
+        seqs.append(
+            TeacherSequence(
+                ids=ids,
+                positions=torch.arange(S),
+                segment=torch.zeros(S, dtype=torch.long),
+                prefix=torch.zeros(S, dtype=torch.long),
+                predict=row_pos + shift - 1,
+                target=row_pos + shift,
+                row=r,
+                row_pos=row_pos,
+            )
+        )
+    return seqs
+
+
+def _turn_spans(rows: TokenRows, r: int) -> list[tuple[int, torch.Tensor]]:
+    """[(turn, row positions of its scored span)] for row r, in turn order."""
+    L = int(rows.length[r])
+    span = rows.span[r, :L] & (rows.turn_id[r, :L] >= 0)
+    out = []
+    for k in rows.turn_id[r, :L][span].unique().tolist():
+        pos = (span & (rows.turn_id[r, :L] == k)).nonzero().squeeze(1)
+        pos = pos[pos >= 1]
+        if pos.numel():
+            out.append((int(k), pos))
+    return out
+
+
+def _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, counters):
+    peers = peer_episodes(episodes, rows) if config.hindsight_peer else {}
+    blocks: dict[int, tuple[list[int], list[int] | None]] = {}  # episode -> (full block, block without peer)
+    seqs = []
+    for r in range(rows.num_rows):
+        i = int(rows.row_episode[r])
+        episode = episodes[i]
+        if i not in blocks:
+            peer = episodes[peers[i]] if i in peers else None
+            text, cut = hindsight_block(episode, peer, config)
+            counters["peer_cut"] += int(cut)
+            short = _encode(tokenizer, hindsight_block(episode, None, config)[0]) if peer is not None else None
+            blocks[i] = (_encode(tokenizer, text), short)
+        full_block, short_block = blocks[i]
+        row_ids = rows.input_ids[r]
+        inserts = []  # (s_k, block ids, span positions)
+        for _, pos in _turn_spans(rows, r):
+            s, e = int(pos[0]), int(pos[-1])
+            block = full_block
+            if s + len(block) + (e - s + 1) > max_length:
+                if short_block is not None and s + len(short_block) + (e - s + 1) <= max_length:
+                    block = short_block
+                    counters["peer_dropped"] += 1
+                else:
+                    counters["truncated"] += 1
+                    counters["truncated_tokens"] += int(pos.numel())
+                    continue
+            inserts.append((s, block, pos))
+        # Group insertion points into packs that fit (one pack per insertion without packing).
+        packs: list[list[tuple[int, list[int], torch.Tensor]]] = []
+        for ins in inserts:
+            s, block, pos = ins
+            size = len(block) + int(pos[-1]) - s + 1
+            if packing and packs:
+                current = packs[-1]
+                base = max(x[0] for x in current + [ins])
+                total = base + sum(len(b) + int(p[-1]) - x + 1 for x, b, p in current) + size
+                if total <= max_length:
+                    current.append(ins)
+                    continue
+            packs.append([ins])
+        for pack in packs:
+            if len(pack) == 1 or not packing:
+                # A plain causal sequence: prefix, block, span copy.
+                (s, block, pos), = pack
+                e = int(pos[-1])
+                ids = torch.cat([row_ids[:s], torch.tensor(block, dtype=torch.long), row_ids[s : e + 1]])
+                offset = len(block)  # row position p >= s sits at p + len(block)
+                S = ids.numel()
+                seqs.append(
+                    TeacherSequence(
+                        ids=ids, positions=torch.arange(S), segment=torch.zeros(S, dtype=torch.long),
+                        prefix=torch.zeros(S, dtype=torch.long), predict=pos + offset - 1, target=pos + offset,
+                        row=r, row_pos=pos,
+                    )
+                )
+                continue
+            base = max(s for s, _, _ in pack)
+            parts_ids = [row_ids[:base]]
+            parts_pos = [torch.arange(base)]
+            parts_seg = [torch.zeros(base, dtype=torch.long)]
+            parts_pre = [torch.zeros(base, dtype=torch.long)]
+            predict, target, row_pos = [], [], []
+            cursor = base
+            for j, (s, block, pos) in enumerate(pack, start=1):
+                e = int(pos[-1])
+                copy = torch.cat([torch.tensor(block, dtype=torch.long), row_ids[s : e + 1]])
+                n = copy.numel()
+                parts_ids.append(copy)
+                parts_pos.append(torch.arange(s, s + n))
+                parts_seg.append(torch.full((n,), j, dtype=torch.long))
+                parts_pre.append(torch.full((n,), s, dtype=torch.long))
+                at = cursor + len(block) + (pos - s)  # where span position p sits in the sequence
+                predict.append(at - 1)
+                target.append(at)
+                row_pos.append(pos)
+                cursor += n
+            seqs.append(
+                TeacherSequence(
+                    ids=torch.cat(parts_ids), positions=torch.cat(parts_pos), segment=torch.cat(parts_seg),
+                    prefix=torch.cat(parts_pre), predict=torch.cat(predict), target=torch.cat(target),
+                    row=r, row_pos=torch.cat(row_pos),
+                )
+            )
+    return seqs
+
+
+def build_teacher_sequences(
+    tokenizer,
+    episodes: Sequence[Episode],
+    rows: TokenRows,
+    config: CreditConfig,
+    *,
+    max_length: int,
+    packing: bool = True,
+) -> tuple[list[TeacherSequence], dict[str, int]]:
+    """The teacher's inputs for `rows` (no model needed): sequences and truncation counters."""
+    if len(episodes) != int(rows.episode_group.numel()):
+        raise ValueError(f"{len(episodes)} episodes given, the rows were built from {int(rows.episode_group.numel())}")
+    if rows.span_mode != config.span_mode:
+        raise ValueError(
+            f"rows were built with span_mode={rows.span_mode!r}, the config says {config.span_mode!r}: "
+            "build them with span_mode=config.span_mode"
+        )
+    counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
+    rows = rows.to("cpu")  # sequences are assembled on the CPU and moved per micro-batch
+    if config.method == "agentopsd":
+        seqs = _agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
+    elif config.method in ("stepopsd", "rlsd"):
+        seqs = _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, counters)
+    else:
+        raise ValueError(f"{config.method} uses no teacher")
+    return seqs, counters
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+
+
+def _attention_implementation(model) -> str:
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def _model_io(model):
+    """(decoder, head) when the LM's logits are head(decoder(...).last_hidden_state), else (None, None)."""
+    get_decoder, get_head = getattr(model, "get_decoder", None), getattr(model, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None or getattr(model.config, "final_logit_softcapping", None):
+        return None, None
+    try:
+        decoder, head = get_decoder(), get_head()
+    except (AttributeError, NotImplementedError):
+        return None, None
+    if decoder is None or head is None or decoder is model:
+        return None, None
+    return decoder, head
+
+
+@torch.no_grad()
+def score_sequences(
+    model,
+    sequences: Sequence[TeacherSequence],
+    *,
+    pad_token_id: int = 0,
+    micro_batch_tokens: int = 16384,
+    logit_chunk: int = 512,
+    progress: bool | str = False,
+) -> tuple[list[torch.Tensor], int]:
+    """Log-probs of each sequence's targets ([M] float32 per sequence) and the number of forwards.
+
+    Sequences are sorted by length and run in micro-batches of at most `micro_batch_tokens` (padded)
+    tokens. Packed sequences get a 4-D additive attention mask; plain ones a 2-D padding mask.
+    Logits are computed only at the scored positions (decoder hidden states -> output head, in chunks
+    of `logit_chunk` positions), so the vocabulary-sized tensor never spans a whole batch.
+    """
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    decoder, head = _model_io(model)
+    order = sorted(range(len(sequences)), key=lambda j: -sequences[j].length)
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    batches: list[list[int]] = []
+    for j in order:
+        if batches and (len(batches[-1]) + 1) * sequences[batches[-1][0]].length <= micro_batch_tokens:
+            batches[-1].append(j)
+        else:
+            batches.append([j])
+    forwards = 0
+    label = progress if isinstance(progress, str) else "teacher"
+    for batch in tqdm(batches, desc=label, unit="batch", disable=not progress, leave=False):
+        seqs = [sequences[j] for j in batch]
+        B, S = len(seqs), max(s.length for s in seqs)
+        ids = torch.full((B, S), pad_token_id, dtype=torch.long)
+        positions = torch.zeros((B, S), dtype=torch.long)
+        valid = torch.zeros((B, S), dtype=torch.bool)
+        for b, s in enumerate(seqs):
+            ids[b, : s.length], positions[b, : s.length], valid[b, : s.length] = s.ids, s.positions, True
+        if any(s.packed for s in seqs):
+            segment = torch.full((B, S), -1, dtype=torch.long)
+            prefix = torch.zeros((B, S), dtype=torch.long)
+            for b, s in enumerate(seqs):
+                segment[b, : s.length], prefix[b, : s.length] = s.segment, s.prefix
+            segment, prefix, valid_d = segment.to(device), prefix.to(device), valid.to(device)
+            q = torch.arange(S, device=device)
+            # allowed[b, query, key]: a token attends to earlier tokens of its own segment, and to row
+            # tokens (segment 0) before its prefix; padding keys never; every query at least to itself.
+            allowed = (segment.unsqueeze(2) == segment.unsqueeze(1)) & (q.view(1, 1, S) <= q.view(1, S, 1))
+            allowed |= (q.view(1, 1, S) < prefix.unsqueeze(2)) & (segment.unsqueeze(1) == 0)
+            allowed &= valid_d.unsqueeze(1)
+            allowed |= torch.eye(S, dtype=torch.bool, device=device).unsqueeze(0)
+            attention = torch.zeros((B, 1, S, S), dtype=dtype, device=device)
+            attention.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+        else:
+            attention = valid.to(torch.long).to(device)
+        inputs = dict(input_ids=ids.to(device), attention_mask=attention, position_ids=positions.to(device))
+        if decoder is not None:
+            hidden = decoder(**inputs, use_cache=False).last_hidden_state
+        else:
+            hidden = None
+            logits_all = model(**inputs, use_cache=False).logits
+        forwards += 1
+        for b, s in enumerate(seqs):
+            lp = torch.empty(s.predict.numel(), dtype=torch.float32)
+            for c in range(0, s.predict.numel(), logit_chunk):
+                pred = s.predict[c : c + logit_chunk].to(device)
+                tgt_ids = s.ids[s.target[c : c + logit_chunk]].to(device)
+                logits = head(hidden[b, pred]) if hidden is not None else logits_all[b, pred]
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                lp[c : c + logit_chunk] = logp.gather(1, tgt_ids.unsqueeze(1)).squeeze(1).cpu()
+            out[batch[b]] = lp
+    return [x if x is not None else torch.zeros(0) for x in out], forwards
+
+
+def _max_length(model, config: CreditConfig, max_length: int | None) -> int:
+    if max_length is not None:
+        return int(max_length)
+    if config.teacher_max_length is not None:
+        return int(config.teacher_max_length)
+    return int(getattr(model.config, "max_position_embeddings", 32768) or 32768)
+
+
+def score_teacher(
+    model,
+    tokenizer,
+    episodes: Sequence[Episode],
+    rows: TokenRows,
+    config: CreditConfig,
+    *,
+    max_length: int | None = None,
+    packing: bool | str = "auto",
+    micro_batch_tokens: int = 16384,
+    progress: bool | str = False,
+) -> TeacherScores:
+    """Teacher log-probs of the rows' scored tokens, with privileged context (no grad).
+
+    Args:
+        model: the teacher causal LM (a snapshot of the policy for `stale`, the policy for `live`).
+        tokenizer: the tokenizer the rows were built with.
+        episodes: the episodes the rows were built from (same list, same order).
+        rows: `build_rows(episodes, tokenizer, span_mode=config.span_mode)`.
+        config: `method` picks the context (StepOPSD and RLSD: hindsight block; AgentOPSD: skill note).
+        max_length: longest teacher sequence (default: config.teacher_max_length, else the model's
+            max_position_embeddings).
+        packing: StepOPSD only: True packs a row's insertion points into one forward, False gives one
+            sequence per turn, "auto" packs unless the attention implementation cannot take
+            custom masks (flash attention).
+        micro_batch_tokens: padded tokens per forward.
+
+    Returns:
+        TeacherScores: `.logprobs` [R, T] and `.scored` [R, T] for `rows.credit_batch(...)`, and the
+        cost and truncation counters (`.stats()`).
+    """
+    limit = _max_length(model, config, max_length)
+    if packing == "auto":
+        packing = _attention_implementation(model) in ("eager", "sdpa")
+    elif packing and _attention_implementation(model) not in ("eager", "sdpa"):
+        raise ValueError(f"packing needs custom attention masks; {_attention_implementation(model)} has none")
+    was_training = model.training
+    model.eval()
+    try:
+        sequences, counters = build_teacher_sequences(
+            tokenizer, episodes, rows, config, max_length=limit, packing=bool(packing)
+        )
+        scores, forwards = score_sequences(
+            model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens, progress=progress
+        )
+    finally:
+        model.train(was_training)
+    logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
+    scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
+    for seq, lp in zip(sequences, scores, strict=True):
+        logprobs[seq.row, seq.row_pos] = lp
+        scored[seq.row, seq.row_pos] = True
+    result = TeacherScores(
+        logprobs=logprobs.to(rows.input_ids.device),
+        scored=scored.to(rows.input_ids.device),
+        forwards=forwards,
+        sequences=len(sequences),
+        tokens=sum(s.length for s in sequences),
+        extra={"packing": bool(packing), "max_length": limit},
+        **counters,
+    )
+    if counters["truncated"] or counters["peer_dropped"]:
+        log.warning(
+            "teacher: %d contexts did not fit in %d tokens (%d span tokens unscored); %d turns scored without "
+            "the peer trajectory",
+            counters["truncated"], limit, counters["truncated_tokens"], counters["peer_dropped"],
+        )
+    return result
+
+
+@torch.no_grad()
+def row_logprobs(
+    model,
+    rows: TokenRows,
+    *,
+    mask: torch.Tensor | None = None,
+    micro_batch_tokens: int = 16384,
+    progress: bool | str = False,
+) -> torch.Tensor:
+    """The model's log-probs of the rows' own tokens ([R, T] float32, 0 outside `mask`; no grad).
+
+    `mask` defaults to the generated tokens (turn_id >= 0): the student's lp_S for the credit core.
+    """
+    device = rows.input_ids.device
+    rows = rows.to("cpu")
+    mask = rows.turn_id >= 0 if mask is None else mask.to("cpu")
+    sequences = []
+    for r in range(rows.num_rows):
+        L = int(rows.length[r])
+        pos = mask[r, :L].nonzero().squeeze(1)
+        pos = pos[pos >= 1]
+        sequences.append(
+            TeacherSequence(
+                ids=rows.input_ids[r, :L].cpu(), positions=torch.arange(L), segment=torch.zeros(L, dtype=torch.long),
+                prefix=torch.zeros(L, dtype=torch.long), predict=pos - 1, target=pos, row=r, row_pos=pos,
+            )
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        scores, _ = score_sequences(
+            model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens, progress=progress
+        )
+    finally:
+        model.train(was_training)
+    out = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
+    for seq, lp in zip(sequences, scores, strict=True):
+        out[seq.row, seq.row_pos] = lp
+    return out.to(device)
