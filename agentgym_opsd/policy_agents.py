@@ -13,7 +13,7 @@ torch and transformers are imported lazily: `import agentgym_opsd` stays light.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -108,9 +108,16 @@ class HFPolicyAgent:
         chat_template_kwargs: extra keywords for `apply_chat_template` (e.g. `enable_thinking`).
         max_batch: at most this many prompts per decoding call (None: all of them at once).
         name: the agent's name in episode records.
+        render: messages -> prompt text (default: the tokenizer's chat template with the generation
+            prompt). A trainer passes the renderer its token rows use, so the policy samples from
+            exactly the context that is scored.
 
-    `stats` counts prompts, prompt and generated tokens, turns cut at the cap and seconds spent;
-    `state_dict()` / `load_state_dict()` save and restore the sampling generator (exact resume).
+    `stats` counts prompts, prompt and generated tokens, turns cut at the cap and seconds spent.
+    `samples[(episode_id, turn)]` holds, for every turn played through `act_batch`, the sampled token
+    ids, their log-probs and the finish reason (`"stop"`: end-of-turn token written, `"length"`: cut at
+    the cap); `annotate(episodes)` copies the reasons into `turn.info["finish_reason"]` and hands the
+    ids and log-probs over. `state_dict()` / `load_state_dict()` save and restore the sampling
+    generator (exact resume).
     """
 
     def __init__(
@@ -124,6 +131,7 @@ class HFPolicyAgent:
         chat_template_kwargs: dict[str, Any] | None = None,
         max_batch: int | None = None,
         name: str = "hf",
+        render: Callable[[list[Message]], str] | None = None,
     ) -> None:
         import torch
 
@@ -138,6 +146,8 @@ class HFPolicyAgent:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_batch = max_batch
         self.name = name
+        self._render = render
+        self.samples: dict[tuple[str, int], tuple[list[int], list[float], str]] = {}
         self.stop_ids = end_of_turn_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         self.device = next(model.parameters()).device
@@ -155,16 +165,36 @@ class HFPolicyAgent:
     ) -> list[str]:
         prompts = [self.prompt_ids(m) for m in messages]
         out: list[str] = []
+        sampled: list[tuple[list[int], list[float], bool]] = []
         step = self.max_batch or len(prompts) or 1
         for start in range(0, len(prompts), step):
-            for ids, _ in self.sample(prompts[start : start + step]):
+            for ids, lps, cut in self._sample(prompts[start : start + step]):
                 out.append(self.tokenizer.decode(ids, skip_special_tokens=False))
+                sampled.append((ids, lps, cut))
+        for info, (ids, lps, cut) in zip(infos, sampled, strict=True):
+            step_info = info.get("step")
+            if step_info is not None:
+                self.samples[(step_info.episode_id, int(step_info.turn))] = (ids, lps, "length" if cut else "stop")
+        return out
+
+    def annotate(self, episodes) -> dict[tuple[int, int], tuple[list[int], list[float]]]:
+        """Write each turn's finish reason (`stop` or `length`) into `turn.info["finish_reason"]`;
+        returns `{(episode index, turn): (sampled ids, log-probs)}` and forgets them."""
+        out = {}
+        for i, episode in enumerate(episodes):
+            for k, turn in enumerate(episode.turns):
+                record = self.samples.pop((episode.episode_id, k), None)
+                if record is not None:
+                    turn.info["finish_reason"] = record[2]
+                    out[(i, k)] = (record[0], record[1])
         return out
 
     # -- pieces -----------------------------------------------------------------------------
 
     def render(self, messages: list[Message]) -> str:
         """The prompt text of a chat: the chat template with the generation prompt."""
+        if self._render is not None:
+            return self._render(messages)
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
         )
@@ -175,6 +205,9 @@ class HFPolicyAgent:
     def sample(self, prompts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[float]]]:
         """Decode one turn for each prompt (token ids): the generated ids, without the end-of-turn
         token, and their log-probs under the sampling distribution."""
+        return [(ids, lps) for ids, lps, _ in self._sample(prompts)]
+
+    def _sample(self, prompts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[float], bool]]:
         import torch
 
         if not prompts:
@@ -193,7 +226,7 @@ class HFPolicyAgent:
         self.stats["new_tokens"] += sum(len(ids) + (0 if capped else 1) for ids, _, capped in result)
         self.stats["capped_turns"] += sum(1 for _, _, capped in result if capped)
         self.stats["seconds"] += time.perf_counter() - started
-        return [(ids, lps) for ids, lps, _ in result]
+        return result
 
     def _decode(self, prompts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[float], bool]]:
         import torch

@@ -226,6 +226,38 @@ def kl_k3(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
+def sampling_consistency(rows, episode_index: Sequence[int], samples: dict, old_logp: torch.Tensor) -> dict[str, float]:
+    """Do the token rows hold what the policy sampled, in the context it sampled it?
+
+    For each turn, the row's generated tokens (before the end-of-turn token) are compared with the
+    sampled ids; where they are the same (the response re-tokenizes to the sampled ids), the row's
+    old log-probs must equal the sampling log-probs up to float error.
+
+    Returns `rollout/retokenized_same` (fraction of turns whose tokens match) and
+    `rollout/logprob_gap` (mean |lp_rows - lp_sampled| over the tokens of those turns; about 1e-6
+    when the rollout prompt and the row context agree).
+    """
+    same = total = 0
+    gap_sum, gap_n = 0.0, 0
+    turn_id = rows.turn_id
+    for r in range(rows.num_rows):
+        e = int(rows.row_episode[r])
+        ks = rows.row_turn[r : r + 1].tolist() if int(rows.row_turn[r]) >= 0 else sorted(set(turn_id[r][turn_id[r] >= 0].tolist()))
+        for k in ks:
+            record = samples.get((episode_index[e], int(k)))
+            if record is None:
+                continue
+            ids, lps = record
+            positions = (turn_id[r] == k).nonzero().squeeze(1)[: len(ids)]
+            total += 1
+            if rows.input_ids[r, positions].tolist() == list(ids):
+                same += 1
+                if ids:
+                    gap_sum += float((old_logp[r, positions] - torch.tensor(lps)).abs().sum())
+                    gap_n += len(ids)
+    return {"rollout/retokenized_same": same / max(1, total), "rollout/logprob_gap": gap_sum / max(1, gap_n)}
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -249,6 +281,7 @@ class LocalTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.rng = np.random.default_rng(config.seed)
         self._writer = None
+        self._samples: dict = {}
         self._last_eval: dict[str, Any] | None = None
 
     # -- env --------------------------------------------------------------------------------
@@ -401,10 +434,14 @@ class LocalTrainer:
     # -- rollouts ---------------------------------------------------------------------------
 
     def agent(self, *, temperature: float, seed: int | None = None, name: str = "policy") -> HFPolicyAgent:
+        """The policy as an agent; its prompts are rendered exactly as the token rows render them."""
+        from trainer.rows import render_prompt
+
+        kwargs = dict(self.config.chat_template_kwargs)
         return HFPolicyAgent(
             self.model, self.tokenizer, max_new_tokens=self.config.max_new_tokens, temperature=temperature,
-            seed=self.config.seed if seed is None else seed, chat_template_kwargs=self.config.chat_template_kwargs,
-            name=name,
+            seed=self.config.seed if seed is None else seed, chat_template_kwargs=kwargs, name=name,
+            render=lambda messages: render_prompt(self.tokenizer, messages, **kwargs),
         )
 
     def _expert_episodes(self, n: int, *, progress: str = "expert episodes") -> list[Episode]:
@@ -417,13 +454,12 @@ class LocalTrainer:
     # -- token rows and log-probs -----------------------------------------------------------
 
     def rows(self, episodes: Sequence[Episode]):
+        """Token rows of finished episodes (`trainer.rows.build_rows`), cut at the model's context."""
         from trainer.rows import build_rows
 
-        return build_rows(list(episodes), self.tokenizer, span_mode=self._span_mode(),
-                          chat_template_kwargs=self.config.chat_template_kwargs)
-
-    def _span_mode(self) -> str:
-        return self.credit.span_mode
+        return build_rows(list(episodes), self.tokenizer, span_mode=self.credit.span_mode,
+                          chat_template_kwargs=self.config.chat_template_kwargs,
+                          max_length=getattr(self.model.config, "max_position_embeddings", None))
 
     def _batches(self, rows, max_tokens: int | None = None) -> list[list[int]]:
         lengths = rows.attention_mask.sum(-1).tolist()
@@ -510,10 +546,12 @@ class LocalTrainer:
             for j, s in enumerate(seeds)
             for i in range(cfg.group_size)
         ]
-        return run_episodes(
+        episodes = run_episodes(
             self.make_env, self._rollout_agent, requests, num_envs=cfg.num_envs or len(requests),
             context=cfg.context, progress=f"rollout {self.step + 1}" if self.progress else False,
         )
+        self._samples = self._rollout_agent.annotate(episodes)
+        return episodes
 
     def rl_step(self) -> dict[str, Any]:
         cfg = self.config
@@ -527,9 +565,13 @@ class LocalTrainer:
             hook(self, episodes)
 
         t0 = time.perf_counter()
-        rows = self.rows(episodes)
+        played = [e for e in episodes if e.error is None]  # an env failure has no outcome to learn from
+        if not played:
+            raise TrainError(f"update {self.step + 1}: every episode failed; the first: {episodes[0].error}")
+        rows = self.rows(played)
         old_logp = self.logprobs(self.model, rows)
-        advantages, diagnostics, extra = self.advantages(episodes, rows, old_logp)
+        consistency = sampling_consistency(rows, [episodes.index(e) for e in played], self._samples, old_logp)
+        advantages, diagnostics, extra = self.advantages(played, rows, old_logp)
         scoring_seconds = time.perf_counter() - t0
         ref_logp = self.logprobs(self.reference_model, rows) if self.reference_model is not None else None
 
@@ -554,6 +596,10 @@ class LocalTrainer:
             **extra,
             "rollout/new_tokens": rollout_stats["new_tokens"],
             "rollout/capped_turns": rollout_stats["capped_turns"],
+            "rows/count": rows.num_rows,
+            "rows/tokens": rows.num_tokens,
+            "rows/truncated": rows.truncated_rows,
+            **consistency,
             "rollout/tokens_per_s": rollout_stats["new_tokens"] / max(1e-9, rollout_seconds),
             "time/rollout_s": rollout_seconds,
             "time/scoring_s": scoring_seconds,
@@ -587,6 +633,7 @@ class LocalTrainer:
                                    micro_batch_tokens=self.config.micro_batch_tokens)
             teacher = {"teacher_logprobs": scores.logprobs, "teacher_scored": scores.scored,
                        "teacher_truncated": scores.truncated}
+            extra.update(scores.stats())
             extra["time/teacher_s"] = time.perf_counter() - t0
         batch = rows.credit_batch(student_logprobs=old_logp, **teacher)
         advantages, diagnostics = compute_advantages(batch, credit, self.step)

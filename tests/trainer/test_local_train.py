@@ -225,3 +225,36 @@ def test_cli_train_and_resume(tmp_path, capsys) -> None:
     assert main(["train", "--env", "trainertest/Parity-v0", "--credit", "lam_mixx=1", "--out", str(tmp_path / "x")]) == 2
     assert "lam_mixx" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path / "y")]) == 2 and "--env is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("context", ["full", "window:1"])
+def test_rows_hold_the_context_the_policy_sampled_in(tmp_path, context) -> None:
+    """The rollout prompt and the token rows agree: before every turn's generated tokens, the row
+    holds exactly the prompt ids the policy sampled from (full chat: one row per episode, every turn
+    in it), and the turn's tokens are the response's. Where a response re-tokenizes to the sampled
+    ids, the rows' old log-probs equal the sampling log-probs."""
+    run = LocalTrainer(config(tmp_path / context.replace(":", ""), context=context, max_new_tokens=8,
+                              temperature=0.8), progress=False)
+    run.start()
+    episodes = run.rollout()
+    rows = run.rows(episodes)
+    agent, tok = run._rollout_agent, run.tokenizer
+    checked = 0
+    for r in range(rows.num_rows):
+        episode = episodes[int(rows.row_episode[r])]
+        turns = [int(rows.row_turn[r])] if context != "full" else range(episode.num_turns)
+        for k in turns:
+            positions = (rows.turn_id[r] == k).nonzero().squeeze(1)
+            prompt = agent.prompt_ids(episode.messages(k))
+            start = int(positions[0])
+            assert rows.input_ids[r, :start].tolist() == prompt  # full chat: turn k's prompt is the row's prefix
+            response = tok(episode.turns[k].response, add_special_tokens=False)["input_ids"]
+            assert rows.input_ids[r, positions].tolist()[: len(response)] == response
+            checked += 1
+    assert checked == sum(e.num_turns for e in episodes) == 16
+    old = run.logprobs(run.model, rows)
+    from trainer.local import sampling_consistency
+
+    stats = sampling_consistency(rows, list(range(len(episodes))), run._samples, old)
+    assert stats["rollout/logprob_gap"] < 1e-4
+    assert rows.num_rows == (8 if context == "full" else 16)
