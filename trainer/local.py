@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import io
 import json
 import math
@@ -69,7 +70,9 @@ class TrainConfig:
         model: a local transformers model folder, or `tiny`; tokenizer/vocab_size/tiny_*: the tiny
             model's tokenizer (folder, `trained`, `auto`) and sizes.
         context: the context policy (`full` or `window:k`).
-        sft_*: supervised warm start on expert episodes (0 episodes: none).
+        sft_*: supervised warm start on expert episodes (0 episodes: none); sft_noise: the chance
+            that a turn of an expert episode is a random admissible action instead (a detour the
+            expert then recovers from; only the expert's own turns are trained on).
         steps, tasks_per_step, group_size: updates, and T tasks x G episodes per update.
         lr, weight_decay, max_grad_norm, clip_eps, kl_coef, ppo_epochs, micro_batch_tokens: the update.
         temperature, max_new_tokens: sampling during rollouts.
@@ -101,6 +104,7 @@ class TrainConfig:
     sft_epochs: int = 3
     sft_lr: float = 2e-3
     sft_batch_tokens: int = 4096
+    sft_noise: float = 0.0
     sft_seed: int = 1_000_000
     steps: int = 10
     tasks_per_step: int = 4
@@ -137,6 +141,8 @@ class TrainConfig:
             raise TrainError("--save-every must be >= 0 (0: no checkpoints, so no --resume)")
         if self.eval_every < 0:
             raise TrainError("--eval-every must be >= 0 (0: evaluate only before and after training)")
+        if not 0.0 <= self.sft_noise < 1.0:
+            raise TrainError("--sft-noise must be in [0, 1)")
         agentgym_opsd.ContextPolicy.parse(self.context)
         self.credit_config()
 
@@ -224,6 +230,35 @@ def kl_k3(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token KL(pi || pi_ref) estimate k3 = exp(ref - new) - (ref - new) - 1 (>= 0, unbiased)."""
     d = ref_logp - new_logp
     return torch.exp(d) - d - 1.0
+
+
+class PerturbedExpert:
+    """The env's expert with random detours (DART-style state perturbation).
+
+    With probability `noise` a turn is a random admissible action instead of the expert's; the expert
+    replans from wherever that leads. The detours put the expert in states it would never visit by
+    itself (a wrong receptacle, an object not found yet), so a policy fine-tuned on the expert's
+    turns also learns how to recover. `detours` holds `(episode_id, turn)` of the random turns
+    (SFT leaves them out). Draws depend on (seed, episode id, turn) only, not on batching.
+    """
+
+    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
+        self.name = "expert"
+        self.noise = float(noise)
+        self.seed = int(seed)
+        self.expert = ExpertAgent()
+        self.detours: set[tuple[str, int]] = set()
+
+    def act(self, messages, info, env) -> str:
+        step = info.get("step")
+        if step is not None and self.noise > 0 and step.admissible_actions:
+            digest = hashlib.blake2b(step.episode_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            rng = np.random.default_rng([self.seed, int.from_bytes(digest, "little"), int(step.turn)])
+            if rng.random() < self.noise:
+                self.detours.add((step.episode_id, int(step.turn)))
+                actions = step.admissible_actions
+                return env.format_action(actions[int(rng.integers(len(actions)))])
+        return self.expert.act(messages, info, env)
 
 
 def sampling_consistency(rows, episode_index: Sequence[int], samples: dict, old_logp: torch.Tensor) -> dict[str, float]:
@@ -333,7 +368,7 @@ class LocalTrainer:
     def _tokenizer_corpus(self) -> list[str]:
         """Text to train a tokenizer on: the env's instructions and the turns of expert episodes (or
         random ones when the env has no expert)."""
-        episodes = self._expert_episodes(max(16, min(self.config.sft_episodes, 64)), progress="tokenizer corpus")
+        episodes, _ = self._expert_episodes(max(16, min(self.config.sft_episodes, 64)), progress="tokenizer corpus")
         texts: list[str] = []
         for e in episodes:
             texts += [e.instructions, e.initial_observation]
@@ -444,12 +479,15 @@ class LocalTrainer:
             render=lambda messages: render_prompt(self.tokenizer, messages, **kwargs),
         )
 
-    def _expert_episodes(self, n: int, *, progress: str = "expert episodes") -> list[Episode]:
+    def _expert_episodes(self, n: int, *, progress: str = "expert episodes") -> tuple[list[Episode], set]:
+        """`n` episodes of the (perturbed) expert on seeds sft_seed.., and the detour turns."""
         requests = [EpisodeRequest(seed=self.config.sft_seed + i, episode_id=f"expert-{i}") for i in range(n)]
-        return run_episodes(
-            self.make_env, ExpertAgent(), requests, num_envs=min(16, max(1, n)), context=self.config.context,
+        expert = PerturbedExpert(self.config.sft_noise, seed=self.config.seed)
+        episodes = run_episodes(
+            self.make_env, expert, requests, num_envs=min(16, max(1, n)), context=self.config.context,
             progress=progress if self.progress else False,
         )
+        return episodes, expert.detours
 
     # -- token rows and log-probs -----------------------------------------------------------
 
@@ -499,13 +537,22 @@ class LocalTrainer:
         cross-entropy of the expert's turns (observations are context only)."""
         cfg = self.config
         started = time.perf_counter()
-        episodes = [e for e in self._expert_episodes(cfg.sft_episodes) if e.success and not e.error]
+        played, detours = self._expert_episodes(cfg.sft_episodes)
+        episodes = [e for e in played if e.success and not e.error]
         if not episodes:
             raise TrainError(f"{cfg.env_id}: the expert solved none of {cfg.sft_episodes} episodes; nothing to warm-start on")
         save_episodes(self.out / "episodes" / "sft_expert.jsonl", episodes)
         rows = self.rows(episodes)
+        # the expert's own turns: [E, K] table of detours, looked up for every token by (episode, turn)
+        K = max(e.num_turns for e in episodes)
+        detour = torch.zeros(len(episodes), K + 1, dtype=torch.bool)
+        for i, e in enumerate(episodes):
+            for k in range(e.num_turns):
+                detour[i, k] = (e.episode_id, k) in detours
+        is_detour = detour[rows.row_episode[:, None], rows.turn_id.clamp(min=0)]
+        target = (rows.turn_id >= 0) & ~is_detour
         self._make_optimizer(cfg.sft_lr)
-        generated_tokens = int((rows.turn_id >= 0).sum())
+        generated_tokens = int(target.sum())
         bar = tqdm(total=cfg.sft_epochs, desc="SFT warm start", unit="epoch", disable=not self.progress)
         loss_value = float("nan")
         sft_rng = np.random.default_rng(cfg.seed + 7)
@@ -515,9 +562,12 @@ class LocalTrainer:
             total, count = 0.0, 0
             for b in order:
                 mb = self._slice(rows, batches[b])
-                lp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mb["generated"])
-                n = mb["generated"].sum().clamp(min=1)
-                loss = -(lp * mb["generated"]).sum() / n
+                mask = target[torch.tensor(batches[b]), : mb["input_ids"].shape[1]].to(self.model.device)
+                if not bool(mask.any()):  # only detour turns here: nothing to imitate
+                    continue
+                lp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mask)
+                n = mask.sum().clamp(min=1)
+                loss = -(lp * mask).sum() / n
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
@@ -531,6 +581,7 @@ class LocalTrainer:
         bar.close()
         record = {
             "kind": "sft_done", "step": 0, "sft/episodes": len(episodes), "sft/generated_tokens": generated_tokens,
+            "sft/detour_turns": int(is_detour[rows.turn_id >= 0].sum()) if len(detours) else 0,
             "sft/loss": loss_value, "sft/seconds": time.perf_counter() - started,
         }
         self.log(record)

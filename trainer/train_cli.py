@@ -51,6 +51,8 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--sft-episodes", type=int, help="expert episodes to fine-tune on before RL (default 0)")
     g.add_argument("--sft-epochs", type=int, help="passes over them (default 3)")
     g.add_argument("--sft-lr", type=float, help="learning rate (default 2e-3)")
+    g.add_argument("--sft-noise", type=float, help="chance of a random detour per expert turn (DART-style; "
+                   "only the expert's turns are trained on; default 0)")
     g.add_argument("--sft-batch-tokens", type=int, help="padded tokens per SFT optimizer step (default 4096)")
     g = p.add_argument_group("RL")
     g.add_argument("--steps", type=int, help="RL updates (default 10)")

@@ -258,3 +258,43 @@ def test_rows_hold_the_context_the_policy_sampled_in(tmp_path, context) -> None:
     stats = sampling_consistency(rows, list(range(len(episodes))), run._samples, old)
     assert stats["rollout/logprob_gap"] < 1e-4
     assert rows.num_rows == (8 if context == "full" else 16)
+
+
+def test_perturbed_expert_detours_are_seeded_and_recovered_from() -> None:
+    from agentgym_opsd import EpisodeRequest, make, run_episodes
+    from trainer.local import PerturbedExpert
+
+    def play(num_envs, noise, seed=0):
+        agent = PerturbedExpert(noise, seed=seed)
+        eps = run_episodes(lambda: make("example/GuessNumber-v0"), agent,
+                           [EpisodeRequest(s, episode_id=f"e{s}") for s in range(12)], num_envs=num_envs, progress=False)
+        return eps, agent.detours
+
+    clean, none = play(4, 0.0)
+    one, detours_one = play(1, 0.5)
+    four, detours_four = play(4, 0.5)
+    other, detours_other = play(4, 0.5, seed=1)
+    assert not none and detours_one and detours_one == detours_four != detours_other
+    assert [e.to_dict() for e in one] == [e.to_dict() for e in four]  # batching does not change the draws
+    assert all(e.success for e in one)  # the expert replans after each detour and still wins
+    assert sum(e.num_turns for e in one) > sum(e.num_turns for e in clean)
+    for episode_id, k in detours_one:  # a detour is one of the actions admissible in the state it was taken in
+        episode = next(e for e in one if e.episode_id == episode_id)
+        state = episode.initial if k == 0 else episode.turns[k - 1].step
+        assert episode.turns[k].action in state.admissible_actions
+
+
+def test_sft_with_detours_trains_only_on_the_experts_turns(tmp_path) -> None:
+    out = tmp_path / "sft"
+    run = LocalTrainer(config(out, env_id="example/GuessNumber-v0", sft_episodes=8, sft_epochs=2, sft_noise=0.5,
+                              steps=0, eval_episodes=0), progress=False)
+    run.start()
+    done = next(r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "sft_done")
+    from agentgym_opsd import load_episodes
+
+    episodes = load_episodes(out / "episodes" / "sft_expert.jsonl")
+    rows = run.rows(episodes)
+    generated = int((rows.turn_id >= 0).sum())
+    assert done["sft/detour_turns"] > 0 and 0 < done["sft/generated_tokens"] < generated
+    losses = [r["sft/loss"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "sft"]
+    assert len(losses) == 2 and losses[1] < losses[0]
