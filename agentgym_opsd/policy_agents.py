@@ -111,6 +111,9 @@ class HFPolicyAgent:
         render: messages -> prompt text (default: the tokenizer's chat template with the generation
             prompt). A trainer passes the renderer its token rows use, so the policy samples from
             exactly the context that is scored.
+        reuse_prefix: keep each episode's keys and values from one turn to the next and compute only
+            the new part of its prompt (a full-chat prompt extends the previous one). Off for models
+            whose caches are not plain (sliding windows).
 
     `stats` counts prompts, prompt and generated tokens, turns cut at the cap and seconds spent.
     `samples[(episode_id, turn)]` holds, for every turn played through `act_batch`, the sampled token
@@ -132,6 +135,7 @@ class HFPolicyAgent:
         max_batch: int | None = None,
         name: str = "hf",
         render: Callable[[list[Message]], str] | None = None,
+        reuse_prefix: bool = True,
     ) -> None:
         import torch
 
@@ -147,6 +151,8 @@ class HFPolicyAgent:
         self.max_batch = max_batch
         self.name = name
         self._render = render
+        self.reuse_prefix = bool(reuse_prefix)
+        self._prefixes: dict[str, tuple[list[int], list]] = {}
         self.samples: dict[tuple[str, int], tuple[list[int], list[float], str]] = {}
         self.stop_ids = end_of_turn_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
@@ -164,11 +170,16 @@ class HFPolicyAgent:
         self, messages: Sequence[list[Message]], infos: Sequence[dict[str, Any]], envs: Sequence[TextEnv]
     ) -> list[str]:
         prompts = [self.prompt_ids(m) for m in messages]
+        keys = [getattr(info.get("step"), "episode_id", None) for info in infos]
+        # Episodes not in this tick have ended: their cached prefixes go.
+        live = set(keys)
+        for key in [k for k in self._prefixes if k not in live]:
+            del self._prefixes[key]
         out: list[str] = []
         sampled: list[tuple[list[int], list[float], bool]] = []
         step = self.max_batch or len(prompts) or 1
         for start in range(0, len(prompts), step):
-            for ids, lps, cut in self._sample(prompts[start : start + step]):
+            for ids, lps, cut in self._sample(prompts[start : start + step], keys[start : start + step]):
                 out.append(self.tokenizer.decode(ids, skip_special_tokens=False))
                 sampled.append((ids, lps, cut))
         for info, (ids, lps, cut) in zip(infos, sampled, strict=True):
@@ -207,7 +218,9 @@ class HFPolicyAgent:
         token, and their log-probs under the sampling distribution."""
         return [(ids, lps) for ids, lps, _ in self._sample(prompts)]
 
-    def _sample(self, prompts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[float], bool]]:
+    def _sample(
+        self, prompts: Sequence[Sequence[int]], keys: Sequence[str | None] | None = None
+    ) -> list[tuple[list[int], list[float], bool]]:
         import torch
 
         if not prompts:
@@ -217,7 +230,7 @@ class HFPolicyAgent:
         self.model.eval()
         try:
             with torch.no_grad():
-                result = self._decode(prompts)
+                result = self._decode(prompts, list(keys) if keys is not None else [None] * len(prompts))
         finally:
             self.model.train(was_training)
         self.stats["calls"] += 1
@@ -228,20 +241,36 @@ class HFPolicyAgent:
         self.stats["seconds"] += time.perf_counter() - started
         return result
 
-    def _decode(self, prompts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[float], bool]]:
+    def _decode(self, prompts: Sequence[Sequence[int]], keys: list[str | None]) -> list[tuple[list[int], list[float], bool]]:
+        """One batched decoding loop with a KV cache.
+
+        Layout: row i is `[pad, reused prefix (n_i), pad, new prompt tokens, generated tokens]`, every
+        row's next token in the same column. The reused prefix is the longest common prefix of the
+        prompt with the ids this episode's cache holds from its previous turn (a full-chat prompt
+        extends the previous prompt and response); its keys and values are not recomputed. Padding
+        is masked out and positions are explicit, so a row's logits do not depend on the others.
+        """
         import torch
 
-        batch, width = len(prompts), max(len(p) for p in prompts)
+        batch = len(prompts)
+        reused = [self._reusable(p, key) for p, key in zip(prompts, keys, strict=True)]
+        past = max(n for n, _ in reused)
+        fresh = [list(p[n:]) for p, (n, _) in zip(prompts, reused, strict=True)]
+        width = max(len(f) for f in fresh)
         input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every row's next token is at the same column
-            if len(p):
-                input_ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-                mask[i, width - len(p) :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.zeros((batch, past + width), dtype=torch.long)
+        positions = torch.zeros((batch, width), dtype=torch.long)
+        for i, (f, (n, _)) in enumerate(zip(fresh, reused, strict=True)):
+            if f:
+                input_ids[i, width - len(f) :] = torch.tensor(f, dtype=torch.long)
+                mask[i, past + width - len(f) :] = 1
+                positions[i, width - len(f) :] = torch.arange(n, n + len(f))
+            mask[i, past - n : past] = 1
+        input_ids, mask, positions = input_ids.to(self.device), mask.to(self.device), positions.to(self.device)
+        cache = self._past_cache(reused, past) if past else None
+        self.stats["prefill_tokens"] += int(batch * width)
         stop = torch.tensor(self.stop_ids, device=self.device)
-        out = self._forward(input_ids, mask, positions, None)
+        out = self._forward(input_ids, mask, positions, cache, prefill=True)
         cache, logits = out.past_key_values, out.logits[:, -1].float()
         next_position = positions[:, -1] + 1
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
@@ -279,13 +308,66 @@ class HFPolicyAgent:
                 ids.append(int(token))
                 values.append(float(lp))
             result.append((ids, values, capped))
+        self._keep_prefixes(prompts, keys, result, cache, mask)
         return result
 
-    def _forward(self, input_ids, mask, positions, cache):
+    def _reusable(self, prompt: Sequence[int], key: str | None) -> tuple[int, Any]:
+        """(tokens of `prompt` whose keys/values this episode's cache holds, the cache entry)."""
+        entry = self._prefixes.get(key) if key is not None else None
+        if entry is None:
+            return 0, None
+        ids, _ = entry
+        n = 0
+        limit = min(len(ids), len(prompt) - 1)  # at least one prompt token is run, for the next-token logits
+        while n < limit and ids[n] == prompt[n]:
+            n += 1
+        return n, entry
+
+    def _past_cache(self, reused: list[tuple[int, Any]], past: int):
+        """A DynamicCache holding each row's reused prefix, left-padded to `past` positions."""
+        import torch
+        from transformers import DynamicCache
+
+        layers = []
+        template = next(entry for n, entry in reused if n)[1]
+        for layer, (k0, v0) in enumerate(template):
+            keys = k0.new_zeros((len(reused), k0.shape[0], past, k0.shape[2]))
+            values = v0.new_zeros((len(reused), v0.shape[0], past, v0.shape[2]))
+            for i, (n, entry) in enumerate(reused):
+                if n:
+                    k, v = entry[1][layer]
+                    keys[i, :, past - n :] = k[:, :n]
+                    values[i, :, past - n :] = v[:, :n]
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    def _keep_prefixes(self, prompts, keys, result, cache, mask) -> None:
+        """Keep, per episode, the keys/values of its prompt and generated tokens for its next turn."""
+        if not self.reuse_prefix or cache is None:
+            return
+        layers = getattr(cache, "layers", None)
+        if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+            self.reuse_prefix = False  # sliding-window or other caches: no reuse
+            return
+        if layers[0].keys.shape[-2] != mask.shape[1]:
+            return
+        for i, (prompt, key, (ids, _, _)) in enumerate(zip(prompts, keys, result, strict=True)):
+            if key is None:
+                continue
+            held = list(prompt) + ids  # the stop token (or the last capped token) was never fed
+            positions = mask[i].nonzero().squeeze(1)[: len(held)]
+            if positions.numel() < len(held):
+                held = held[: positions.numel()]
+            self._prefixes[key] = (
+                held,
+                [(layer.keys[i][:, positions].clone(), layer.values[i][:, positions].clone()) for layer in layers],
+            )
+
+    def _forward(self, input_ids, mask, positions, cache, *, prefill: bool = False):
         kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
         if cache is not None:
             kwargs["past_key_values"] = cache
-        if cache is None:
+        if prefill:  # logits of the last position only
             try:
                 return self.model(**kwargs, logits_to_keep=1)
             except TypeError:  # a model without logits_to_keep
@@ -296,7 +378,8 @@ class HFPolicyAgent:
 
     @staticmethod
     def _zero_stats() -> dict[str, float]:
-        return {"calls": 0, "prompts": 0, "prompt_tokens": 0, "new_tokens": 0, "capped_turns": 0, "seconds": 0.0}
+        return {"calls": 0, "prompts": 0, "prompt_tokens": 0, "prefill_tokens": 0, "new_tokens": 0, "capped_turns": 0,
+                "seconds": 0.0}
 
     def pop_stats(self) -> dict[str, float]:
         """The counters since the last call, reset to zero."""

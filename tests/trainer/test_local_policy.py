@@ -186,3 +186,24 @@ def test_hf_agent_from_a_saved_folder(tiny, tmp_path) -> None:
         make_agent(f"hf:{tmp_path / 'm'}?temp=1")
     with pytest.raises(AgentError, match="no config.json"):
         make_agent(f"hf:{tmp_path / 'nothing'}")
+
+
+def test_reusing_each_episodes_prefix_changes_nothing_but_the_cost(tiny) -> None:
+    """Full-chat prompts extend the previous turn's prompt and response: the agent keeps their keys and
+    values and computes only the new tokens. Same turns, same log-probs, far fewer prefilled tokens."""
+    model, tok = tiny
+    runs = {}
+    for reuse in (False, True):
+        agent = HFPolicyAgent(model, tok, max_new_tokens=6, temperature=0, reuse_prefix=reuse)
+        eps = run_episodes(make_guess, agent, [EpisodeRequest(s, episode_id=f"e{s}") for s in range(6)],
+                           num_envs=4, context="full", progress=False)  # 4 slots: episodes start at different ticks
+        runs[reuse] = (eps, dict(agent.samples), agent.pop_stats())
+    (plain, plain_samples, plain_stats), (reused, reused_samples, reused_stats) = runs[False], runs[True]
+    assert [e.to_dict() for e in plain] == [e.to_dict() for e in reused]
+    assert plain_samples.keys() == reused_samples.keys()
+    for key, (ids, lps, reason) in plain_samples.items():
+        ids2, lps2, reason2 = reused_samples[key]
+        assert ids == ids2 and reason == reason2
+        assert torch.allclose(torch.tensor(lps), torch.tensor(lps2), atol=1e-4)
+    assert reused_stats["prompt_tokens"] == plain_stats["prompt_tokens"]
+    assert reused_stats["prefill_tokens"] < 0.5 * plain_stats["prefill_tokens"]
