@@ -20,7 +20,7 @@ import numpy as np
 from agentgym_opsd.context import Message
 from agentgym_opsd.core import TextEnv
 
-__all__ = ["Agent", "RandomAgent", "ExpertAgent", "make_agent", "act_all", "AgentError"]
+__all__ = ["Agent", "RandomAgent", "ExpertAgent", "make_agent", "register_agent", "act_all", "AgentError"]
 
 
 class AgentError(RuntimeError):
@@ -95,12 +95,35 @@ _AGENT_FACTORIES: dict[str, str] = {
 }
 
 
+# name -> "module:factory" (or the factory) for agents env families register; factories take (seed=)
+_NAMED_AGENTS: dict[str, Any] = {}
+
+
+def register_agent(name: str, factory: Any) -> None:
+    """Let `make_agent(name)` build an agent: `factory(seed=...)`, given as a callable or as
+    "module:attr" (imported only when the agent is made). Env families register their scripted
+    agents here from their entry point, e.g. `searchqa-baseline`."""
+    if not name or ":" in name or name in ("random", "expert"):
+        raise ValueError(f"agent name {name!r}: use a plain name without ':' (not random or expert)")
+    _NAMED_AGENTS[name] = factory
+
+
 def make_agent(name: str, *, seed: int = 0) -> Agent:
-    """Build an agent from its name: `random`, `expert`, `hf:PATH`, `openai:BASE_URL#MODEL`."""
+    """Build an agent from its name: `random`, `expert`, a registered name (see `register_agent`),
+    `hf:PATH`, `openai:BASE_URL#MODEL`."""
     if name == "random":
         return RandomAgent(seed)
     if name == "expert":
         return ExpertAgent(seed)
+    if name in _NAMED_AGENTS:
+        factory = _NAMED_AGENTS[name]
+        if isinstance(factory, str):
+            module, _, attr = factory.partition(":")
+            try:
+                factory = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as e:
+                raise AgentError(f"agent {name!r} is not available here ({e})") from None
+        return factory(seed=seed)
     prefix, _, rest = name.partition(":")
     if prefix in _AGENT_FACTORIES and rest:
         module, _, attr = _AGENT_FACTORIES[prefix].partition(":")
@@ -109,4 +132,5 @@ def make_agent(name: str, *, seed: int = 0) -> Agent:
         except (ImportError, AttributeError) as e:
             raise AgentError(f"agent {name!r}: {prefix}: agents are not available here ({e})") from None
         return factory(rest, seed=seed)
-    raise AgentError(f"unknown agent {name!r}: use random, expert, hf:PATH or openai:BASE_URL#MODEL")
+    named = "".join(f", {n}" for n in sorted(_NAMED_AGENTS))
+    raise AgentError(f"unknown agent {name!r}: use random, expert{named}, hf:PATH or openai:BASE_URL#MODEL")

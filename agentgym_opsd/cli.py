@@ -29,6 +29,11 @@ __all__ = ["main", "CliError", "parse_options", "make_env_factory"]
 
 # name -> "module:add_parser" for commands owned by other folders.
 COMMANDS: dict[str, str] = {
+    "index": "retrieval_index.cli:add_index_parser",
+    "serve-retrieval": "retrieval_index.cli:add_serve_parser",
+    "searchqa-data": "environments.searchqa.fetch:add_parser",
+    "train-openrlhf": "trainer.openrlhf.cli:add_train_parser",
+    "openrlhf-prompts": "trainer.openrlhf.cli:add_prompts_parser",
     "train": "trainer.train_cli:add_parser",
 }
 

@@ -7,11 +7,14 @@ student and teacher log-probs. Two row layouts:
            are the action block, StepOPSD's `action_only` span) and a 32-token observation;
     window one row per turn: a 256-token prompt and the turn's 128 generated tokens.
 Each method's `compute_advantages` (validation and diagnostics included: the real call) is timed over
-several runs after a warm-up; the table shows the fastest run (the least disturbed by other jobs on a
+several runs after a warm-up, the methods taking turns within each round; the table shows the fastest run (the least disturbed by other jobs on a
 shared machine), the median, and the median process CPU time. Targets (issue 4): under 50 ms per 100k generated tokens,
 and no method over 20x GRPO's time.
 
-    .venv/bin/python benchmarks/credit_speed.py [--episodes 512] [--turns 20] [--tokens 128] [--repeats 7]
+    .venv/bin/python benchmarks/credit_speed.py [--episodes 512] [--turns 20] [--tokens 128] [--repeats 7] [--threads N]
+
+On a shared, oversubscribed machine `--threads 1` gives the steadiest figures (min ~ median, CPU ~
+wall): torch's two intra-op threads then wait on each other while other jobs hold the cores.
 """
 
 from __future__ import annotations
@@ -73,18 +76,26 @@ def make_batch(episodes: int, turns: int, tokens: int, layout: str, group_size: 
     )
 
 
-def time_method(batch: CreditBatch, method: str, repeats: int) -> tuple[float, float, float]:
-    """(min wall, median wall, median process CPU) seconds of one `compute_advantages` call."""
-    span_mode = "clean_step" if method in ("agentopsd", "rlsd") else "action_only"
-    config = CreditConfig(method=method, span_mode=span_mode)
-    compute_advantages(batch, config, step=3)  # warm-up
-    wall, cpu = [], []
+def time_methods(batch: CreditBatch, methods: list[str], repeats: int) -> dict[str, tuple[float, float, float]]:
+    """{method: (min wall, median wall, median process CPU)} seconds of one `compute_advantages` call.
+
+    The methods take turns within each repeat (round robin), so that a burst of load from other
+    jobs on a shared machine hits them all alike and the ratios to GRPO stay fair.
+    """
+    configs = {
+        m: CreditConfig(method=m, span_mode="clean_step" if m in ("agentopsd", "rlsd") else "action_only") for m in methods
+    }
+    for config in configs.values():
+        compute_advantages(batch, config, step=3)  # warm-up
+    wall: dict[str, list[float]] = {m: [] for m in methods}
+    cpu: dict[str, list[float]] = {m: [] for m in methods}
     for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        compute_advantages(batch, config, step=3)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return min(wall), statistics.median(wall), statistics.median(cpu)
+        for m in methods:
+            t0, c0 = time.perf_counter(), time.process_time()
+            compute_advantages(batch, configs[m], step=3)
+            wall[m].append(time.perf_counter() - t0)
+            cpu[m].append(time.process_time() - c0)
+    return {m: (min(wall[m]), statistics.median(wall[m]), statistics.median(cpu[m])) for m in methods}
 
 
 def main() -> None:
@@ -94,7 +105,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per turn")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--layouts", default="full,window")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}")
     generated = args.episodes * args.turns * args.tokens
@@ -109,10 +123,10 @@ def main() -> None:
             f"{'method':<10} {'min ms':>8} {'median ms':>10} {'cpu ms':>8} {'ms/100k gen':>12} {'x GRPO':>7}"
             "  (ms/100k and x GRPO from the min; target <50 ms/100k, <=20x)"
         )
-        base = None
+        timings = time_methods(batch, METHODS, args.repeats)
+        base = timings["grpo"][0]
         for method in METHODS:
-            best, median, cpu = time_method(batch, method, args.repeats)
-            base = base if base is not None else best
+            best, median, cpu = timings[method]
             per_100k = best * 1e3 / (generated / 1e5)
             ok = "ok" if per_100k < 50 and best / base <= 20 else "MISS"
             print(

@@ -15,13 +15,21 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentgym_opsd.io import DataFileError
 
-__all__ = ["CorpusRecord", "normalize_record", "iter_corpus", "split_title", "join_title"]
+__all__ = ["Hit", "CorpusRecord", "normalize_record", "iter_corpus", "split_title", "join_title"]
 
 CorpusRecord = dict[str, str]
+
+
+class Hit(NamedTuple):
+    """One retrieved passage: the corpus id, the BM25 score, and the stored `"Title"\\ntext` contents."""
+
+    docid: str
+    score: float
+    contents: str
 
 
 def join_title(title: str, text: str) -> str:

@@ -29,10 +29,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from agentgym_opsd.io import atomic_write_json
-from retrieval_index.corpus import iter_corpus
+from retrieval_index.corpus import Hit, iter_corpus
 
 __all__ = [
     "JVM_LOCK",
@@ -61,14 +61,6 @@ _keep_alive: list[Any] = []  # java.util.logging keeps loggers weakly: hold the 
 
 class IndexNotFound(FileNotFoundError):
     """No usable Lucene index at the path; the message says how to build one."""
-
-
-class Hit(NamedTuple):
-    """One retrieved passage: the corpus id, the BM25 score, and the stored `"Title"\\ntext` contents."""
-
-    docid: str
-    score: float
-    contents: str
 
 
 @dataclass
@@ -334,6 +326,11 @@ class BM25Searcher:
             raise TypeError(f"a query is a str, got {type(query).__name__}")
         if len(query) > MAX_QUERY_CHARS:
             raise ValueError(f"query of {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
+        if not query.isascii():
+            try:
+                query.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("the query holds an unpaired surrogate (not valid Unicode)") from None
         return query.strip()
 
     @staticmethod

@@ -8,7 +8,8 @@
   need options in tests (a server URL, a data path) provides a fixture named
   `contract_options_<family lowercased>` returning the keyword arguments for `gymnasium.make` (a dict,
   or a function `env id -> dict` where the ids of one family need different options).
-- `wiki_index`: one real Lucene index of a slice of ../shared/data/wiki, shared by the whole session.
+- `wiki_index` / `retrieval_server`: one real Lucene index of a slice of ../shared/data/wiki and one
+  real retrieval server on a free loopback port over it, shared by the whole session.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ EXAMPLE_PLUGIN = Path(__file__).resolve().parent / "data" / "example_plugin"
 
 # alfworld writes to ~/.cache/alfworld at import unless ALFWORLD_DATA is set.
 os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "alfworld"))
+# Generated data (the ALFWorld panel and engine translations, the WebShop index) goes to a test cache, not ~/.cache.
+os.environ.setdefault("AGENTGYM_OPSD_CACHE", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "cache"))
 
 if str(EXAMPLE_PLUGIN) not in sys.path:
     sys.path.insert(0, str(EXAMPLE_PLUGIN))
@@ -74,3 +77,37 @@ def wiki_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return build_wiki_slice_index(require_shared_data("wiki"), tmp_path_factory.mktemp("wiki_index") / "index")
 
+
+@pytest.fixture(scope="session")
+def retrieval_server(wiki_index: Path):
+    """The real retrieval server (waitress + Flask, in a child process) on a free loopback port."""
+    from retrieval_index.process import RetrievalServer
+
+    with RetrievalServer(wiki_index) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def contract_options_searchqa(retrieval_server, tmp_path_factory: pytest.TempPathFactory):
+    """Search-QA ids: the ../shared/data/qa sets against the session's server; the synthetic set over its
+    own index (built in a temporary folder; the env serves it from a child process)."""
+    from environments.searchqa.synthetic import ensure_synthetic_index
+
+    synthetic_index = ensure_synthetic_index(tmp_path_factory.mktemp("synthetic"))
+    files = {"nq": "nq_open_dev_part1.jsonl", "triviaqa": "triviaqa_sm_sub_part1.jsonl",
+             "hotpotqa": "hotpotqa_distractor_dev_sample_100.jsonl"}  # fmt: skip
+
+    def options(env_id: str) -> dict:
+        subset = entry(env_id).subset
+        if subset == "synthetic":
+            return {"index_dir": str(synthetic_index)}
+        return {"data_file": str(require_shared_data("qa", files[subset])), "server_url": retrieval_server.url}
+
+    return options
+
+
+@pytest.fixture(scope="session")
+def contract_options_alfworld() -> dict:
+    """ALFWorld ids in tests play a small embedded panel (2 train games per task type, 1 per eval split),
+    generated once into the test cache and shared by every ALFWorld test."""
+    return {"panel_size": {"train": 2, "valid_seen": 1, "valid_unseen": 1}, "progress": False}

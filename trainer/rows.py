@@ -37,9 +37,9 @@ Decisions (documented because they matter for exact credit)
    response: a token is in the span when its characters overlap the span's. A token that merges
    span text with neighbouring text (`：<` in `好的：<action>`) is therefore in the span, so the
    whole action block, tags included, is always covered. No prefix is ever re-tokenized.
-4. End-of-turn counts as generated. The token the template puts right after an assistant message
-   (`<|im_end|>` for Qwen), when it is the tokenizer's `eos_token`, was emitted by the model to
-   stop: it gets the turn's `turn_id` (it receives advantage) and is in the `clean_step` span, not
+4. End-of-turn counts as generated. The special token the template puts right after an assistant
+   message (`<|im_end|>` for Qwen: the eos token, or another special token) was emitted by the
+   model to stop: it gets the turn's `turn_id` (it receives advantage) and is in the `clean_step` span, not
    in the `action_only` span. A turn whose generation was cut at a token cap (rollout records
    `turn.info["finish_reason"] == "length"`) did not emit it: the token stays in the context with
    turn_id -1 (and the last turn's is dropped). The newline the template adds after it is template.
@@ -259,13 +259,16 @@ def _generation_prompt(tokenizer, kwargs: dict[str, Any]) -> str:
 
 
 def _end_of_turn(tokenizer, kwargs: dict[str, Any]) -> str | None:
-    """The text the template puts right after an assistant message if it is the eos token, else None."""
-    eos = tokenizer.eos_token
-    if not eos:
-        return None
+    """The special token the template puts right after an assistant message (the model emits it to
+    stop): the eos token, or another special token (`<|im_end|>` where eos is `<|endoftext|>`);
+    None when the template closes assistant messages with ordinary text."""
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _sentinel(0)}, {"role": "user", "content": "y"}]
     after = _split(_render(tokenizer, messages, False, kwargs), 1)[1]
-    return eos if after.startswith(eos) else None
+    candidates = [tokenizer.eos_token] + sorted(getattr(tokenizer, "all_special_tokens", []), key=len, reverse=True)
+    for token in candidates:
+        if token and after.startswith(token):
+            return token
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -262,7 +262,7 @@ def episode_batches(draw):
     n_groups = draw(st.integers(1, 3))
     gap = st.one_of(
         st.floats(-50, 50),
-        st.sampled_from([-1e6, 1e6, -1e30, 1e30, -math.inf, 0.0]),
+        st.sampled_from([-1e6, 1e6, -1e30, 1e30, -math.inf, math.inf, 0.0]),
     )
     episodes = []
     for g in range(n_groups):
@@ -364,3 +364,26 @@ def test_gigpo_needs_states():
     batch.state_id = None
     with pytest.raises(ValueError, match="state_id"):
         compute_advantages(batch, config("gigpo"), 0)
+
+
+@pytest.mark.parametrize("method", TEACHER)
+def test_garbage_log_probs_outside_the_scored_span_are_ignored(method):
+    """NaN or inf log-probs where the teacher did not score (prompt, unscored span) change nothing."""
+    batch, _ = mixed_batch(18, gap_scale=3.0)
+    clean, _ = compute_advantages(batch, config(method), 0)
+    scored = batch.span & (batch.turn_id >= 0)
+    batch.teacher_scored = scored.clone()
+    some = scored & (torch.rand(scored.shape, generator=torch.Generator().manual_seed(0)) < 0.3)
+    batch.teacher_scored &= ~some  # these span tokens were not scored by the teacher ...
+    batch.teacher_logprobs = batch.teacher_logprobs.clone()
+    batch.teacher_logprobs[~batch.teacher_scored] = float("nan")  # ... and hold garbage
+    batch.student_logprobs = batch.student_logprobs.clone()
+    batch.student_logprobs[~scored] = -math.inf
+    got, diag = compute_advantages(batch, config(method), 0)
+    assert bool(torch.isfinite(got).all()) and math.isfinite(diag["credit/delta_mean"])
+    # Equal to zeroing those tokens' gaps by hand.
+    batch2, _ = mixed_batch(18, gap_scale=3.0)
+    batch2.teacher_logprobs = torch.where(some, batch2.student_logprobs, batch2.teacher_logprobs)
+    expected, _ = compute_advantages(batch2, config(method), 0)
+    torch.testing.assert_close(got, expected)
+    assert not torch.equal(got, clean) or not bool(some.any())

@@ -105,10 +105,8 @@ class CreditBatch:
             lo, hi = int(self.row_episode.min()), int(self.row_episode.max())
             if lo < 0 or hi >= E:
                 raise ValueError(f"row_episode holds {lo}..{hi}; it must index the {E} episodes")
-            if T and (
-                int(self.turn_id.min()) < -1
-                or bool((self.turn_id.amax(dim=1) >= self.num_turns[self.row_episode]).any())
-            ):
+            lowest, highest = torch.aminmax(self.turn_id, dim=1) if T else (None, None)
+            if T and (int(lowest.min()) < -1 or bool((highest >= self.num_turns[self.row_episode]).any())):
                 raise ValueError("turn_id must be -1 or a turn index < num_turns of the row's episode")
         if needs_teacher:
             for name in ("student_logprobs", "teacher_logprobs"):
@@ -179,19 +177,22 @@ class TurnLayout:
         return out.view(self.R, self.T)
 
     def turn_sum(self, values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """[E, K] float64 sums of [N] values over each turn's tokens (where `mask` holds)."""
-        values = values.to(torch.float64)
-        turn = self.turn
+        """[E, K] float64 sums of [N] values over each turn's tokens (where `mask` holds).
+
+        Masked-out tokens add 0 (a `where`, not a boolean selection: no nonzero pass, no NaN leak).
+        Tokens are summed in their own dtype (a turn holds at most a few thousand of them), the
+        [E, K] result is float64 for the turn-level math.
+        """
         if mask is not None:
-            turn, values = turn[mask], values[mask]
-        out = torch.zeros(self.E * self.K, dtype=torch.float64, device=values.device)
-        return out.index_add_(0, turn, values).view(self.E, self.K)
+            values = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+        out = torch.zeros(self.E * self.K, dtype=values.dtype, device=values.device)
+        return out.index_add_(0, self.turn, values).view(self.E, self.K).to(torch.float64)
 
     def turn_count(self, mask: torch.Tensor | None = None) -> torch.Tensor:
         """[E, K] long: number of tokens of each turn (where `mask` holds)."""
-        turn = self.turn if mask is None else self.turn[mask]
-        out = torch.zeros(self.E * self.K, dtype=torch.long, device=turn.device)
-        return out.index_add_(0, turn, torch.ones_like(turn)).view(self.E, self.K)
+        ones = torch.ones_like(self.turn) if mask is None else mask.to(torch.long)
+        out = torch.zeros(self.E * self.K, dtype=torch.long, device=self.turn.device)
+        return out.index_add_(0, self.turn, ones).view(self.E, self.K)
 
     def gather(self, per_turn: torch.Tensor) -> torch.Tensor:
         """Each generated token takes its turn's value from `per_turn` [E, K]  ->  [N]."""

@@ -36,6 +36,18 @@ def episode_rewards(batch: CreditBatch, config: CreditConfig) -> torch.Tensor:
     )
 
 
+def _masked_mean_std(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, int]:
+    """Mean, population std and count of x where mask holds, from sums (no boolean selection)."""
+    n = int(mask.sum())
+    if n == 0:
+        return 0.0, 0.0, 0
+    x = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    s1 = float(x.sum())
+    s2 = float((x * x).sum())
+    mean = s1 / n
+    return mean, max(s2 / n - mean * mean, 0.0) ** 0.5, n
+
+
 def _mean_std(x: torch.Tensor) -> tuple[float, float]:
     """Mean and population std (token-level float32 vectors stay float32: these are for logging)."""
     if x.numel() == 0:
@@ -137,19 +149,19 @@ def _diagnostics(
     if "A_step" in parts:
         d["credit/step_adv_mean"], d["credit/step_adv_std"] = _mean_std(parts["A_step"][layout.exists])
     if delta is not None and scored is not None:
-        d["credit/delta_mean"], d["credit/delta_std"] = _mean_std(delta[scored])     # mean(delta) ~ -KL
-        d["credit/scored_tokens"] = float(scored.sum())
+        d["credit/delta_mean"], d["credit/delta_std"], n_scored = _masked_mean_std(delta, scored)  # mean(delta) ~ -KL
+        d["credit/scored_tokens"] = float(n_scored)
         d["credit/teacher_truncated"] = float(batch.teacher_truncated)
         has_span = layout.turn_count(scored) > 0
         ev = evidence if evidence is not None else turn_evidence(delta, layout, scored)
         d["credit/evidence_mean"], d["credit/evidence_std"] = _mean_std(ev[has_span])  # mean e_k
     if config.method in ("stepopsd", "rlsd") and "w" in parts:
-        w = parts["w"][layout.span]
+        w, span = parts["w"], layout.span
         bound = config.alpha_clip if config.method == "stepopsd" else config.rlsd_clip
-        d["credit/weight_mean"] = float(w.mean()) if w.numel() else 1.0
-        d["credit/weight_clip_frac"] = (
-            float(((w - 1.0).abs() >= bound - 1e-6).to(torch.float64).mean()) if w.numel() and bound > 0 else 0.0
-        )
+        mean_w, _, n_span = _masked_mean_std(w, span)
+        d["credit/weight_mean"] = mean_w if n_span else 1.0
+        at_bound = ((w - 1.0).abs() >= bound - 1e-6).logical_and_(span)
+        d["credit/weight_clip_frac"] = float(at_bound.sum()) / n_span if n_span and bound > 0 else 0.0
         if "c" in parts:
             c = parts["c"][parts["budget_applied"]]
             d["credit/budget_episodes"] = float(parts["budget_applied"].any(dim=1).sum())

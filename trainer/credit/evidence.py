@@ -32,12 +32,16 @@ def token_gap(
     """
     dtype = torch.promote_types(torch.promote_types(teacher_logprobs.dtype, student_logprobs.dtype), torch.float32)
     lp_T, lp_S = teacher_logprobs.to(dtype), student_logprobs.to(dtype)
-    if bool((torch.isnan(lp_T) | torch.isnan(lp_S)).logical_and_(scored).any()):
-        raise ValueError("teacher or student log-probs hold NaN inside the scored span")
-    # Inputs hold no NaN now, so a NaN gap is -inf - -inf: both models gave the token probability 0,
-    # which is no gap at all.
-    delta = torch.nan_to_num_(lp_T - lp_S, nan=0.0).clamp_(-max_abs_gap, max_abs_gap)
-    return delta.mul_(scored)
+    delta = lp_T - lp_S
+    bad = torch.isnan(delta).logical_and_(scored)
+    if bool(bad.any()):
+        if bool((torch.isnan(lp_T) | torch.isnan(lp_S)).logical_and_(scored).any()):
+            raise ValueError("teacher or student log-probs hold NaN inside the scored span")
+        # The remaining NaN gaps are -inf - -inf: both models gave the token probability 0, which is
+        # no gap at all.
+        delta = torch.nan_to_num_(delta, nan=0.0)
+    # where(), not a product: NaN or inf gaps outside the scored span must become 0, not NaN.
+    return torch.where(scored, delta.clamp_(-max_abs_gap, max_abs_gap), torch.zeros((), dtype=delta.dtype, device=delta.device))
 
 
 def turn_evidence(delta: torch.Tensor, layout: TurnLayout, scored: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,7 @@ def budget_normalize(
     eligible = spans_per_episode >= 2                                                   # >= 2 non-empty spans
     target = (m_k * nonempty).sum(dim=1, keepdim=True) / spans_per_episode.clamp(min=1)  # mean_k m_k
     c_k = (target / (m_k + eps)).clamp(1.0 / cap, cap)                                  # c_k
-    applied = nonempty & eligible
+    applied = nonempty & eligible & (target > 0)                                         # A = 0: nothing to move
     c_k = torch.where(applied, c_k, torch.ones_like(c_k))
     c_tok = layout.gather(c_k.to(A_tilde.dtype))
     out = torch.where(span, A_tilde * c_tok, A_tilde)                                   # A~_t <- c_k A~_t on T_k
