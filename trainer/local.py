@@ -737,8 +737,8 @@ class LocalTrainer:
                 "entropy": ent_sum / n_tokens,
                 "grad_norm": float(grad_norm),
             }
-        # How far the update moved the policy: KL(old || new) ~ mean(lp_old - lp_new) over the tokens of
-        # every 4th micro-batch (a quarter of the cost of a full extra forward pass).
+        # How far the update moved the policy: KL(old || new) on the batch, k3 estimator (>= 0), over
+        # the tokens of every 4th micro-batch (a quarter of the cost of a full extra forward pass).
         kl_num = kl_den = 0.0
         with torch.no_grad():
             for index in self._batches(rows)[::4]:
@@ -747,7 +747,7 @@ class LocalTrainer:
                 new = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mb["generated"],
                                      temperature=self._train_temperature())
                 old = old_logp[torch.tensor(index), :width].to(new.device)
-                kl_num += float(((old - new) * mb["generated"]).sum())
+                kl_num += float((kl_k3(old, new) * mb["generated"]).sum())  # samples come from old
                 kl_den += float(mb["generated"].sum())
         stats["kl_old_new"] = kl_num / max(1.0, kl_den)
         stats["update/tokens"] = n_tokens

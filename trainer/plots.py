@@ -59,6 +59,20 @@ def _save(fig, path: Path) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
+def _panels(records: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str]], title: str, path: Path) -> Path:
+    """One small plot per (metric key, label) of the training records, in a grid."""
+    fig, axes = _figure(len(panels), title)
+    for ax, (key, label) in zip(axes, panels):
+        xs, ys = _series(records, "train", key)
+        ax.plot(xs, ys, "-")
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("update")
+    for ax in axes[len(panels):]:
+        ax.axis("off")
+    _save(fig, path)
+    return path
+
+
 def plot_run(out: str | Path) -> list[Path]:
     """Write the run's curves under OUT/curves; returns the files written."""
     out = Path(out)
@@ -83,42 +97,18 @@ def plot_run(out: str | Path) -> list[Path]:
     ax.legend(fontsize=7)
     _save(fig, out / "curves" / "success.png")
     written.append(out / "curves" / "success.png")
-    # reward and losses
-    panels = [("train/reward", "reward"), ("loss", "loss"), ("train/invalid_rate", "invalid-turn rate"),
-              ("grad_norm", "grad norm"), ("train/turns", "turns per episode"), ("rollout/tokens_per_s", "rollout tokens/s")]
-    fig, axes = _figure(len(panels), f"{title}: training")
-    for ax, (key, label) in zip(axes, panels):
-        xs, ys = _series(records, "train", key)
-        ax.plot(xs, ys, "-")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("update")
-    _save(fig, out / "curves" / "reward.png")
-    written.append(out / "curves" / "reward.png")
-    # KL and policy movement
-    panels = [("kl_ref", "KL to initial policy (k3)"), ("kl_old_new", "KL old -> new on the batch"),
+    panels = [("train/reward", "env reward"), ("credit/reward_mean", "credit reward R_i"), ("loss", "loss"),
+              ("train/invalid_rate", "invalid-turn rate"), ("grad_norm", "grad norm"), ("train/turns", "turns per episode"),
+              ("rollout/tokens_per_s", "rollout tokens/s"), ("update/tokens_per_s", "update tokens/s")]
+    written.append(_panels(records, panels, f"{title}: training", out / "curves" / "reward.png"))
+    panels = [("kl_ref", "KL to the initial policy (k3)"), ("kl_old_new", "KL old -> new on the batch (k3)"),
               ("clip_frac", "clipped fraction"), ("entropy", "entropy per token")]
-    fig, axes = _figure(len(panels), f"{title}: KL")
-    for ax, (key, label) in zip(axes, panels):
-        xs, ys = _series(records, "train", key)
-        ax.plot(xs, ys, "-")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("update")
-    _save(fig, out / "curves" / "kl.png")
-    written.append(out / "curves" / "kl.png")
-    # credit diagnostics
+    written.append(_panels(records, panels, f"{title}: KL", out / "curves" / "kl.png"))
     credit_keys = sorted({k for r in records if r.get("kind") == "train" for k, v in r.items()
                           if k.startswith("credit/") and isinstance(v, (int, float))})
     if credit_keys:
-        fig, axes = _figure(len(credit_keys), f"{title}: credit diagnostics")
-        for ax, key in zip(axes, credit_keys):
-            xs, ys = _series(records, "train", key)
-            ax.plot(xs, ys, "-")
-            ax.set_title(key.removeprefix("credit/"), fontsize=9)
-            ax.set_xlabel("update")
-        for ax in axes[len(credit_keys):]:
-            ax.axis("off")
-        _save(fig, out / "curves" / "credit.png")
-        written.append(out / "curves" / "credit.png")
+        panels = [(k, k.removeprefix("credit/")) for k in credit_keys]
+        written.append(_panels(records, panels, f"{title}: credit diagnostics", out / "curves" / "credit.png"))
     return written
 
 
