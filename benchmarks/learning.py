@@ -3,14 +3,19 @@
     python benchmarks/learning.py                       # ALFWorld Pick, small rooms, all four methods
     python benchmarks/learning.py --methods grpo,stepopsd --steps 30 --out runs/learning
 
-1. Warm start once: a tiny Qwen3 (a tokenizer trained on the env's text) is fine-tuned on expert
-   episodes of the training split (`agentgym-opsd train --steps 0 --sft-episodes N`); its held-out
-   success is the starting point.
+1. Warm start once: a tiny Qwen3 (hidden 128, 2 layers, a 1024-token BPE trained on the env's text) is
+   fine-tuned on expert episodes of the training split, with random detours the expert recovers from
+   (`--sft-noise`; only the expert's turns are imitated). Its held-out success is the starting point.
 2. For each method, the same RL run from that model: same seeds, same tasks, same budget
-   (`--steps` updates of T tasks x G episodes), evaluated on the same held-out panel every few updates
-   (greedy decoding, fixed seeds).
-3. Prints success before and after RL per method and the wall time, and writes OUT/learning.json,
-   OUT/learning.png (held-out success against updates, one line per method) and each run's curves.
+   (`--steps` updates of T tasks x G episodes, full-chat context), evaluated on the same held-out
+   panel every few updates (greedy decoding, one episode per held-out game).
+3. Prints success before and after RL per method and the wall time, and writes OUT/learning.txt,
+   OUT/learning.json, OUT/learning.png (held-out success against updates, one line per method) and each
+   run's curves (OUT/<method>/curves/).
+
+The default panel is the embedded one with 200 training and 100 valid_seen Pick games in small rooms
+(`panel_size`); the first run generates it (a few minutes, cached under ~/.cache/agentgym-opsd).
+A method's run that is interrupted resumes from its checkpoint when the command is run again.
 """
 
 from __future__ import annotations
@@ -31,24 +36,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="agentgym/ALFWorld-Pick-v0")
     ap.add_argument("--option", action="append", default=None, metavar="KEY=VALUE",
-                    help="env keyword for training (default: room=small, split=train)")
+                    help="env keyword for training (default: room=small, split=train, max_turns=12, "
+                    "panel_size={train: 200, valid_seen: 100, valid_unseen: 10})")
     ap.add_argument("--eval-option", action="append", default=None, metavar="KEY=VALUE",
                     help="env keyword for the held-out panel (default: split=valid_seen)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--out", default="runs/learning")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--context", default="window:2")
+    ap.add_argument("--context", default="full")
     ap.add_argument("--vocab-size", type=int, default=1024)
-    ap.add_argument("--tiny-hidden", type=int, default=64)
+    ap.add_argument("--tiny-hidden", type=int, default=128)
     ap.add_argument("--tiny-layers", type=int, default=2)
-    ap.add_argument("--sft-episodes", type=int, default=120)
+    ap.add_argument("--sft-episodes", type=int, default=1500)
     ap.add_argument("--sft-epochs", type=int, default=6)
+    ap.add_argument("--sft-noise", type=float, default=0.25)
+    ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tasks-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per batch of rollouts")
     ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--eval-episodes", type=int, default=60)
+    ap.add_argument("--eval-episodes", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--credit", action="append", default=[], metavar="KEY=VALUE", help="credit setting for every method")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
@@ -68,7 +77,10 @@ def main(argv=None) -> int:
     if bad:
         print(f"learning.py: unknown method(s) {bad}; use {', '.join(METHODS)}", file=sys.stderr)
         return 2
-    env_options = parse_options(args.option) if args.option is not None else {"room": "small", "split": "train"}
+    env_options = parse_options(args.option) if args.option is not None else {
+        "room": "small", "split": "train", "max_turns": 12,
+        "panel_size": {"train": 200, "valid_seen": 100, "valid_unseen": 10},
+    }
     eval_options = parse_options(args.eval_option) if args.eval_option is not None else {"split": "valid_seen"}
     out = Path(args.out)
     common = dict(
@@ -84,7 +96,7 @@ def main(argv=None) -> int:
         sft = TrainConfig(
             out=str(sft_dir), method="grpo", model="tiny", tokenizer="trained", vocab_size=args.vocab_size,
             tiny_hidden=args.tiny_hidden, tiny_layers=args.tiny_layers, sft_episodes=args.sft_episodes,
-            sft_epochs=args.sft_epochs, steps=0, save_every=0, **common,
+            sft_epochs=args.sft_epochs, sft_noise=args.sft_noise, sft_lr=args.sft_lr, steps=0, save_every=0, **common,
         )
         LocalTrainer(sft, progress=args.progress).run()
     sft_report = json.loads((sft_dir / "report.json").read_text())
@@ -97,7 +109,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         config = TrainConfig(
             out=str(out / method), method=method, model=str(sft_dir / "model"), steps=args.steps,
-            tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr, eval_every=args.eval_every,
+            tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr, mini_batches=args.mini_batches, eval_every=args.eval_every,
             credit=parse_options(args.credit), save_every=5, **common,
         )
         resume = (out / method / "checkpoint.pt").exists()

@@ -74,7 +74,8 @@ class TrainConfig:
             that a turn of an expert episode is a random admissible action instead (a detour the
             expert then recovers from; only the expert's own turns are trained on).
         steps, tasks_per_step, group_size: updates, and T tasks x G episodes per update.
-        lr, weight_decay, max_grad_norm, clip_eps, kl_coef, ppo_epochs, micro_batch_tokens: the update.
+        lr, weight_decay, max_grad_norm, clip_eps, kl_coef, ppo_epochs, mini_batches, micro_batch_tokens:
+            the update (ppo_epochs x mini_batches optimizer steps per batch of rollouts).
         temperature, max_new_tokens: sampling during rollouts.
         (the teacher, `live` policy or `stale` snapshot refreshed every N updates, is set in `credit`:
         teacher_mode, teacher_refresh)
@@ -115,6 +116,7 @@ class TrainConfig:
     clip_eps: float = 0.2
     kl_coef: float = 0.0
     ppo_epochs: int = 1
+    mini_batches: int = 1
     micro_batch_tokens: int = 16384
     temperature: float = 1.0
     max_new_tokens: int = 48
@@ -133,7 +135,7 @@ class TrainConfig:
         for name in ("steps", "sft_episodes", "eval_episodes"):
             if getattr(self, name) < 0:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 0")
-        for name in ("tasks_per_step", "group_size", "max_new_tokens", "ppo_epochs", "micro_batch_tokens", "sft_batch_tokens",
+        for name in ("tasks_per_step", "group_size", "max_new_tokens", "ppo_epochs", "mini_batches", "micro_batch_tokens", "sft_batch_tokens",
                      "sft_epochs"):
             if getattr(self, name) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1")
@@ -304,6 +306,10 @@ class LocalTrainer:
         self.config = config
         self.out = Path(config.out)
         self.progress = progress
+        if not progress:  # transformers' own bars (loading and writing weights) too
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
         self.resume = resume
         self.step = 0
         self.sft_done = False
@@ -691,52 +697,67 @@ class LocalTrainer:
         return advantages, diagnostics, extra
 
     def update(self, rows, old_logp: torch.Tensor, advantages: torch.Tensor, ref_logp: torch.Tensor | None) -> dict[str, float]:
-        """`ppo_epochs` passes over the batch; each pass is one optimizer step over all micro-batches
-        (gradients accumulate; the loss is the token mean over the whole batch)."""
+        """`ppo_epochs` passes over the batch, each split into `mini_batches` random mini-batches of rows;
+        each mini-batch is one optimizer step (its micro-batches accumulate gradients; the loss is the
+        token mean over the mini-batch). The first mini-batch of the first pass is on-policy (ratio 1);
+        later ones are off-policy by the steps before them, which the ratio clip bounds."""
         cfg = self.config
         mask_all = rows.turn_id >= 0
-        n_tokens = int(mask_all.sum())
-        if n_tokens == 0:
+        if int(mask_all.sum()) == 0:
             return {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "ratio_mean": 1.0,
-                    "entropy": 0.0, "update/tokens": 0, "update/tokens_per_s": 0.0}
+                    "entropy": 0.0, "optimizer_steps": 0, "update/tokens": 0, "update/tokens_per_s": 0.0}
         started = time.perf_counter()
-        stats: dict[str, float] = {}
-        processed = 0
+        totals = dict.fromkeys(("pg", "kl", "clipped", "ratio", "entropy", "tokens", "grad_norm"), 0.0)
+        steps = 0
+        shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
         for _ in range(cfg.ppo_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            pg_sum = kl_sum = clip_count = ratio_sum = ent_sum = 0.0
-            for index in self._batches(rows):
-                mb = self._slice(rows, index)
-                width = mb["input_ids"].shape[1]
-                idx = torch.tensor(index)
-                old = old_logp[idx, :width].to(self.model.device)
-                adv = advantages[idx, :width].to(self.model.device, torch.float32)
-                mask = mb["generated"]
-                new, entropy = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mask,
-                                              temperature=self._train_temperature(), with_entropy=True)
-                pg, clipped, ratio = clipped_pg_loss(new, old, adv, mask, cfg.clip_eps)
-                loss = pg / n_tokens
-                if ref_logp is not None:
-                    kl = (kl_k3(new, ref_logp[idx, :width].to(self.model.device)) * mask).sum()
-                    loss = loss + cfg.kl_coef * kl / n_tokens
-                    kl_sum += float(kl.detach())
-                loss.backward()
-                pg_sum += float(pg.detach())
-                clip_count += float(clipped)
-                ratio_sum += float(ratio)
-                ent_sum += float((entropy * mask).sum())
-                processed += int(mask.sum())
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-            self.optimizer.step()
-            stats = {
-                "loss": (pg_sum + cfg.kl_coef * kl_sum) / n_tokens,
-                "pg_loss": pg_sum / n_tokens,
-                "kl_ref": kl_sum / n_tokens,
-                "clip_frac": clip_count / n_tokens,
-                "ratio_mean": ratio_sum / n_tokens,
-                "entropy": ent_sum / n_tokens,
-                "grad_norm": float(grad_norm),
-            }
+            order = torch.randperm(rows.num_rows, generator=shuffle).tolist()
+            parts = max(1, min(cfg.mini_batches, rows.num_rows))
+            for part in range(parts):
+                members = sorted(order[part::parts])
+                n_tokens = int(mask_all[members].sum())
+                if n_tokens == 0:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                lengths = rows.attention_mask[members].sum(-1).tolist()
+                for local in micro_batches(lengths, cfg.micro_batch_tokens):
+                    index = [members[i] for i in local]
+                    mb = self._slice(rows, index)
+                    width = mb["input_ids"].shape[1]
+                    idx = torch.tensor(index)
+                    old = old_logp[idx, :width].to(self.model.device)
+                    adv = advantages[idx, :width].to(self.model.device, torch.float32)
+                    mask = mb["generated"]
+                    new, entropy = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mask,
+                                                  temperature=self._train_temperature(), with_entropy=True)
+                    pg, clipped, ratio = clipped_pg_loss(new, old, adv, mask, cfg.clip_eps)
+                    loss = pg / n_tokens
+                    if ref_logp is not None:
+                        kl = (kl_k3(new, ref_logp[idx, :width].to(self.model.device)) * mask).sum()
+                        loss = loss + cfg.kl_coef * kl / n_tokens
+                        totals["kl"] += float(kl.detach())
+                    loss.backward()
+                    totals["pg"] += float(pg.detach())
+                    totals["clipped"] += float(clipped)
+                    totals["ratio"] += float(ratio)
+                    totals["entropy"] += float((entropy * mask).sum())
+                    totals["tokens"] += int(mask.sum())
+                totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+                self.optimizer.step()
+                steps += 1
+        n = max(1.0, totals["tokens"])
+        stats = {
+            "loss": (totals["pg"] + cfg.kl_coef * totals["kl"]) / n,
+            "pg_loss": totals["pg"] / n,
+            "kl_ref": totals["kl"] / n,
+            "clip_frac": totals["clipped"] / n,
+            "ratio_mean": totals["ratio"] / n,
+            "entropy": totals["entropy"] / n,
+            "grad_norm": totals["grad_norm"] / max(1, steps),
+            "optimizer_steps": steps,
+        }
+        processed = int(totals["tokens"])
+        n_tokens = int(mask_all.sum())
         # How far the update moved the policy: KL(old || new) on the batch, k3 estimator (>= 0), over
         # the tokens of every 4th micro-batch (a quarter of the cost of a full extra forward pass).
         kl_num = kl_den = 0.0
