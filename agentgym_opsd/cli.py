@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "report": "agentgym_opsd.bench_commands:add_report",
     "serve-policy": "agentgym_opsd.bench_commands:add_serve_policy",
     "demo": "agentgym_opsd.bench_commands:add_demo",
+    "train": "trainer.train_cli:add_parser",
 }
 
 

@@ -1,0 +1,300 @@
+"""The local trainer end to end on a tiny Qwen3: updates, credit wiring, exact resume, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainer.credit as credit_core
+from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
+from agentgym_opsd.cli import main
+from agentgym_opsd.io import read_jsonl
+from trainer.local import LocalTrainer, TrainConfig, TrainError, clipped_pg_loss, micro_batches
+
+
+class ParityEnv(TextEnv):
+    """Two turns of free text; the episode succeeds when their actions' total length is even.
+
+    An untrained policy wins about half of its episodes, so every group of a few episodes has mixed
+    outcomes and non-zero advantages from the first update."""
+
+    instructions = "Write anything in <action>...</action>, twice. An even total length wins."
+    allow_bare_action = True
+    max_turns = 2
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.index, self.lengths = 0, []
+
+    @property
+    def num_tasks(self) -> int:
+        return 4
+
+    def _load_task(self, index, options):
+        self.index, self.lengths = index, []
+        self.task_id, self.task_type = f"parity-{index}", "parity"
+        return f"Task {index}: write your first text."
+
+    def _apply(self, action):
+        self.lengths.append(len(action.content))
+        if len(self.lengths) < 2:
+            return Transition("Now your second text.", admissible=True)
+        won = sum(self.lengths) % 2 == 0
+        return Transition("You won." if won else "You lost.", reward=float(won), terminated=True, admissible=True)
+
+    def state_key(self):
+        return hash_state(self.index, tuple(self.lengths))
+
+    def hindsight(self):
+        won = len(self.lengths) == 2 and sum(self.lengths) % 2 == 0
+        return Hindsight(won, float(won), "An even total length of the two actions wins.", {})
+
+    def expert_action(self):
+        return self.format_action("ab")
+
+
+register_env("trainertest/Parity-v0", ParityEnv, family="TrainerTest", subset="parity",
+             description="two turns; an even total length wins (trainer tests)")
+
+
+def config(out: Path, **changes) -> TrainConfig:
+    base = dict(
+        env_id="trainertest/Parity-v0", out=str(out), method="grpo", tokenizer="trained", vocab_size=300,
+        tiny_hidden=32, tiny_layers=1, steps=2, tasks_per_step=2, group_size=4, max_new_tokens=6, lr=3e-3,
+        eval_episodes=0, seed=1, micro_batch_tokens=512,
+    )
+    base.update(changes)
+    return TrainConfig(**base)
+
+
+def test_micro_batches_pack_rows_within_the_token_budget() -> None:
+    lengths = [5, 30, 7, 12, 40, 3]
+    batches = micro_batches(lengths, 40)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    for b in batches:
+        assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 40
+    assert micro_batches(lengths, 1) == [[5], [0], [2], [3], [1], [4]]  # each row alone, shortest first
+
+
+def test_clipped_loss_is_ppo() -> None:
+    old = torch.tensor([[0.0, -1.0, -1.0, -1.0]])
+    new = torch.tensor([[0.0, -1.0, -0.5, -1.5]])
+    adv = torch.tensor([[0.0, 1.0, 1.0, -1.0]])
+    mask = torch.tensor([[False, True, True, True]])
+    loss, clipped, _ = clipped_pg_loss(new, old, adv, mask, 0.2)
+    r = torch.exp(torch.tensor([0.0, 0.5, -0.5]))
+    # token 2: r = 1.65 > 1.2 with A > 0 -> clipped to 1.2; token 3: r = 0.61 < 0.8 with A < 0 -> 0.8
+    want = float(-(1.0 * r[0]) - 1.2 * 1.0 - (-1.0 * 0.8))
+    assert torch.isclose(loss, torch.tensor(want)) and int(clipped) == 2
+
+
+def test_two_updates_change_loss_and_parameters_with_the_credit_cores_advantages(tmp_path, monkeypatch) -> None:
+    produced, consumed, snapshots = [], [], []
+    real = credit_core.compute_advantages
+
+    def spy(batch, cfg, step, **kw):
+        adv, diag = real(batch, cfg, step, **kw)
+        produced.append((batch, adv))
+        return adv, diag
+
+    monkeypatch.setattr(credit_core, "compute_advantages", spy)
+    run = LocalTrainer(config(tmp_path / "run"), progress=False)
+    real_update = run.update
+
+    def update(rows, old_logp, advantages, ref_logp):
+        consumed.append(advantages)
+        snapshots.append({k: v.detach().clone() for k, v in run.model.state_dict().items()})
+        return real_update(rows, old_logp, advantages, ref_logp)
+
+    episodes = []
+    run.update = update
+    run.hooks["after_rollout"].append(lambda tr, eps: episodes.append(eps))
+    records = []
+    run.hooks["after_update"].append(lambda tr, rec: records.append(rec))
+    run.run()
+
+    assert len(produced) == len(consumed) == 2
+    for (batch, adv), used, eps in zip(produced, consumed, episodes):
+        assert used is adv  # the loss used exactly the credit core's tensor
+        assert adv.abs().sum() > 0
+        # and that tensor is GRPO of the episodes' outcomes: (R - mean_g) / (std_g + 1e-6) on generated tokens
+        rewards = torch.tensor([float(e.success) - 0.1 * e.invalid_turns for e in eps], dtype=torch.float64)
+        groups = {}
+        for i, e in enumerate(eps):
+            groups.setdefault(e.group, []).append(i)
+        want = torch.zeros(len(eps), dtype=torch.float64)
+        for members in groups.values():
+            x = rewards[members]
+            want[members] = (x - x.mean()) / (x.std() + 1e-6)
+        for r in range(adv.shape[0]):
+            generated = batch.turn_id[r] >= 0
+            episode = int(batch.row_episode[r])
+            assert torch.allclose(adv[r][generated].double(), want[episode].expand(int(generated.sum())), atol=1e-5)
+            assert (adv[r][~generated] == 0).all()
+    final = run.model.state_dict()
+    for before, after in zip(snapshots, snapshots[1:] + [final]):
+        assert any(not torch.equal(before[k], after[k]) for k in before)  # each update moved the weights
+    assert records[0]["loss"] != 0 and records[1]["loss"] != 0 and records[0]["loss"] != records[1]["loss"]
+    assert records[0]["grad_norm"] > 0 and records[0]["update/tokens"] > 0
+    assert "credit/reward_mean" in records[0] and records[0]["credit/success_rate"] == records[0]["train/success"]
+    out = tmp_path / "run"
+    lines = list(read_jsonl(out / "metrics.jsonl"))
+    assert [r["step"] for r in lines if r["kind"] == "train"] == [1, 2]
+    for name in ("success.png", "reward.png", "kl.png", "credit.png"):
+        assert (out / "curves" / name).stat().st_size > 1000
+    assert (out / "model" / "config.json").exists() and (out / "report.json").exists()
+    assert any((out / "tb").iterdir())
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method", ["stepopsd"])
+def test_a_killed_and_resumed_run_equals_an_unbroken_one(tmp_path, method) -> None:
+    """Killed in the middle of update 3 (after its rollout), then resumed from the update-2
+    checkpoint: model, optimizer, teacher snapshot, KL reference, RNG and metrics all match."""
+    changes = dict(method=method, steps=4, kl_coef=0.05, eval_episodes=4, eval_every=2,
+                   sft_episodes=4, sft_epochs=1, credit={"teacher_refresh": 3}, save_every=1)
+    unbroken = LocalTrainer(config(tmp_path / "a", **changes), progress=False)
+    unbroken.run()
+
+    broken = LocalTrainer(config(tmp_path / "b", **changes), progress=False)
+
+    def kill(tr, eps):
+        if tr.step == 2:
+            raise Killed()
+
+    broken.hooks["after_rollout"].append(kill)
+    with pytest.raises(Killed):
+        broken.run()
+    assert broken.step == 2
+    resumed = LocalTrainer(config(tmp_path / "b", **changes), resume=True, progress=False)
+    resumed.run()
+
+    for x, y in [(unbroken.model, resumed.model), (unbroken.teacher_model, resumed.teacher_model),
+                 (unbroken.reference_model, resumed.reference_model)]:
+        sx, sy = x.state_dict(), y.state_dict()
+        assert all(torch.equal(sx[k], sy[k]) for k in sx)
+    assert not all(torch.equal(unbroken.model.state_dict()[k], unbroken.teacher_model.state_dict()[k])
+                   for k in unbroken.model.state_dict())  # the snapshot is stale: it was taken at update 3
+    oa, ob = unbroken.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    assert all(torch.equal(oa[k]["exp_avg_sq"], ob[k]["exp_avg_sq"]) for k in oa)
+    assert unbroken.rng.bit_generator.state == resumed.rng.bit_generator.state
+
+    def stable(path):
+        return [{k: v for k, v in r.items() if not (k.startswith("time") or "seconds" in k or "per_s" in k)}
+                for r in read_jsonl(path)]
+
+    assert stable(tmp_path / "a" / "metrics.jsonl") == stable(tmp_path / "b" / "metrics.jsonl")
+    a_eps = (tmp_path / "a" / "episodes" / "update_00004.jsonl").read_text()
+    assert a_eps == (tmp_path / "b" / "episodes" / "update_00004.jsonl").read_text()
+
+
+def test_resume_refuses_other_settings_and_a_fresh_run_refuses_an_old_directory(tmp_path) -> None:
+    LocalTrainer(config(tmp_path / "r", steps=1), progress=False).run()
+    with pytest.raises(TrainError, match="--resume"):
+        LocalTrainer(config(tmp_path / "r", steps=1), progress=False).run()
+    with pytest.raises(TrainError, match="other settings.*lr"):
+        LocalTrainer(config(tmp_path / "r", steps=2, lr=1e-2), resume=True, progress=False).run()
+    report = LocalTrainer(config(tmp_path / "r", steps=2), resume=True, progress=False).run()
+    assert report["steps"] == 2
+
+
+def test_cli_train_and_resume(tmp_path, capsys) -> None:
+    out = tmp_path / "cli"
+    args = ["train", "--env", "trainertest/Parity-v0", "--method", "gigpo", "--model", "tiny", "--tokenizer", "trained",
+            "--vocab-size", "300", "--tiny-hidden", "32", "--tiny-layers", "1", "--steps", "1", "--group-size", "2",
+            "--tasks-per-step", "2", "--max-new-tokens", "4", "--eval-episodes", "2", "--sft-episodes", "2",
+            "--sft-epochs", "1", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    assert "held-out success" in capsys.readouterr().out
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["method"] == "gigpo" and saved["group_size"] == 2
+    assert main(args) == 2 and "--resume" in capsys.readouterr().err
+    assert main(["train", "--out", str(out), "--resume", "--steps", "2", "--no-progress"]) == 0
+    assert json.loads((out / "report.json").read_text())["steps"] == 2
+    assert main(["train", "--out", str(out), "--resume", "--lr", "1", "--no-progress"]) == 2
+    assert "other settings" in capsys.readouterr().err
+    assert main(["train", "--env", "nope/Nope-v0", "--out", str(tmp_path / "x")]) == 2
+    assert "no env registered" in capsys.readouterr().err
+    assert main(["train", "--env", "trainertest/Parity-v0", "--method", "ppo", "--out", str(tmp_path / "x")]) == 2
+    assert main(["train", "--env", "trainertest/Parity-v0", "--credit", "lam_mixx=1", "--out", str(tmp_path / "x")]) == 2
+    assert "lam_mixx" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "y")]) == 2 and "--env is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("context", ["full", "window:1"])
+def test_rows_hold_the_context_the_policy_sampled_in(tmp_path, context) -> None:
+    """The rollout prompt and the token rows agree: before every turn's generated tokens, the row
+    holds exactly the prompt ids the policy sampled from (full chat: one row per episode, every turn
+    in it), and the turn's tokens are the response's. Where a response re-tokenizes to the sampled
+    ids, the rows' old log-probs equal the sampling log-probs."""
+    run = LocalTrainer(config(tmp_path / context.replace(":", ""), context=context, max_new_tokens=8,
+                              temperature=0.8), progress=False)
+    run.start()
+    episodes = run.rollout()
+    rows = run.rows(episodes)
+    agent, tok = run._rollout_agent, run.tokenizer
+    checked = 0
+    for r in range(rows.num_rows):
+        episode = episodes[int(rows.row_episode[r])]
+        turns = [int(rows.row_turn[r])] if context != "full" else range(episode.num_turns)
+        for k in turns:
+            positions = (rows.turn_id[r] == k).nonzero().squeeze(1)
+            prompt = agent.prompt_ids(episode.messages(k))
+            start = int(positions[0])
+            assert rows.input_ids[r, :start].tolist() == prompt  # full chat: turn k's prompt is the row's prefix
+            response = tok(episode.turns[k].response, add_special_tokens=False)["input_ids"]
+            assert rows.input_ids[r, positions].tolist()[: len(response)] == response
+            checked += 1
+    assert checked == sum(e.num_turns for e in episodes) == 16
+    old = run.logprobs(run.model, rows)
+    from trainer.local import sampling_consistency
+
+    stats = sampling_consistency(rows, list(range(len(episodes))), run._samples, old)
+    assert stats["rollout/logprob_gap"] < 1e-4
+    assert rows.num_rows == (8 if context == "full" else 16)
+
+
+def test_perturbed_expert_detours_are_seeded_and_recovered_from() -> None:
+    from agentgym_opsd import EpisodeRequest, make, run_episodes
+    from trainer.local import PerturbedExpert
+
+    def play(num_envs, noise, seed=0):
+        agent = PerturbedExpert(noise, seed=seed)
+        eps = run_episodes(lambda: make("example/GuessNumber-v0"), agent,
+                           [EpisodeRequest(s, episode_id=f"e{s}") for s in range(12)], num_envs=num_envs, progress=False)
+        return eps, agent.detours
+
+    clean, none = play(4, 0.0)
+    one, detours_one = play(1, 0.5)
+    four, detours_four = play(4, 0.5)
+    other, detours_other = play(4, 0.5, seed=1)
+    assert not none and detours_one and detours_one == detours_four != detours_other
+    assert [e.to_dict() for e in one] == [e.to_dict() for e in four]  # batching does not change the draws
+    assert all(e.success for e in one)  # the expert replans after each detour and still wins
+    assert sum(e.num_turns for e in one) > sum(e.num_turns for e in clean)
+    for episode_id, k in detours_one:  # a detour is one of the actions admissible in the state it was taken in
+        episode = next(e for e in one if e.episode_id == episode_id)
+        state = episode.initial if k == 0 else episode.turns[k - 1].step
+        assert episode.turns[k].action in state.admissible_actions
+
+
+def test_sft_with_detours_trains_only_on_the_experts_turns(tmp_path) -> None:
+    out = tmp_path / "sft"
+    run = LocalTrainer(config(out, env_id="example/GuessNumber-v0", sft_episodes=8, sft_epochs=2, sft_noise=0.5,
+                              steps=0, eval_episodes=0), progress=False)
+    run.start()
+    done = next(r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "sft_done")
+    from agentgym_opsd import load_episodes
+
+    episodes = load_episodes(out / "episodes" / "sft_expert.jsonl")
+    rows = run.rows(episodes)
+    generated = int((rows.turn_id >= 0).sum())
+    assert done["sft/detour_turns"] > 0 and 0 < done["sft/generated_tokens"] < generated
+    losses = [r["sft/loss"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "sft"]
+    assert len(losses) == 2 and losses[1] < losses[0]

@@ -1,0 +1,927 @@
+"""The local trainer: warm-start a policy on expert episodes, then improve it with per-turn credit.
+
+One process, one device (CPU here, one CUDA GPU in bf16 where present). Each update:
+
+    1. roll out G episodes for each of T tasks with the current policy (one batched decoding call for
+       all live episodes per tick; the env's context policy; a per-turn token cap);
+    2. episodes -> token rows (`trainer.rows.build_rows`, the policy's chat template);
+    3. old log-probs lp_old = log pi_old(y_t | .) of the generated tokens (no grad);
+    4. teacher log-probs lp_T with privileged context (`trainer.teacher`), for StepOPSD and AgentOPSD:
+       the live policy, or a snapshot refreshed every N updates;
+    5. per-token advantages A~ = `trainer.credit.compute_advantages` (GRPO, GiGPO, StepOPSD, AgentOPSD);
+    6. clipped policy-gradient loss, token mean over the batch's generated tokens:
+           r_t = exp(lp_new - lp_old),  L = -mean_t min(r_t A~_t, clip(r_t, 1 - eps, 1 + eps) A~_t)
+       plus beta * KL(pi || pi_init) (k3 estimator) when beta > 0; AdamW, gradient-norm clipping,
+       micro-batches that accumulate into one optimizer step.
+
+Evaluation runs every `eval_every` updates on a held-out panel (fixed seeds, its own env options),
+success per subset. The run directory holds config.json, metrics.jsonl, TensorBoard events, episodes,
+an atomic checkpoint (model, optimizer, RNG states, step, teacher snapshot), learning curves as PNG,
+the final model (`model/`, loadable as `hf:OUT/model`) and report.json. `resume=True` continues from
+the checkpoint and reaches the same state as a run that was never stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+import agentgym_opsd
+from agentgym_opsd.agents import ExpertAgent
+from agentgym_opsd.episode import Episode, load_episodes, save_episodes
+from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text, append_jsonl, read_jsonl_numbered
+from agentgym_opsd.policy_agents import HFPolicyAgent
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+from agentgym_opsd.summary import format_table, summarize
+from trainer.policy import TinyModelSpec, load_policy, parameter_count, token_logprobs
+
+__all__ = ["TrainConfig", "LocalTrainer", "TrainError", "METHODS", "train"]
+
+METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
+CHECKPOINT = "checkpoint.pt"
+
+
+class TrainError(ValueError):
+    """A training run cannot start or go on; the message says how to fix it."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on (saved as config.json in the run directory).
+
+    Attributes (groups):
+        env_id, env_options: the training env and its `gymnasium.make` keywords.
+        eval_env_options: keywords overriding `env_options` for the held-out panel (e.g. a split).
+        method: grpo, gigpo, stepopsd or agentopsd; credit: overrides of `CreditConfig` fields.
+        model: a local transformers model folder, or `tiny`; tokenizer/vocab_size/tiny_*: the tiny
+            model's tokenizer (folder, `trained`, `auto`) and sizes.
+        context: the context policy (`full` or `window:k`).
+        sft_*: supervised warm start on expert episodes (0 episodes: none); sft_noise: the chance
+            that a turn of an expert episode is a random admissible action instead (a detour the
+            expert then recovers from; only the expert's own turns are trained on).
+        steps, tasks_per_step, group_size: updates, and T tasks x G episodes per update.
+        lr, weight_decay, max_grad_norm, clip_eps, kl_coef, ppo_epochs, mini_batches, micro_batch_tokens:
+            the update (ppo_epochs x mini_batches optimizer steps per batch of rollouts).
+        temperature, max_new_tokens: sampling during rollouts.
+        (the teacher, `live` policy or `stale` snapshot refreshed every N updates, is set in `credit`:
+        teacher_mode, teacher_refresh)
+        eval_every, eval_episodes, eval_seed, eval_temperature: the held-out panel.
+        save_every: checkpoint every N updates (and at the end); 0: never (the run cannot be resumed).
+        cpu_threads: torch threads on CPU (0: torch's default). One by default: a tiny model's ops are
+            so small that OpenMP synchronisation dominates, and on a busy machine two threads made
+            each small matrix product 100x slower than one.
+    """
+
+    env_id: str
+    out: str
+    method: str = "grpo"
+    model: str = "tiny"
+    env_options: dict[str, Any] = field(default_factory=dict)
+    eval_env_options: dict[str, Any] = field(default_factory=dict)
+    credit: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str = "auto"
+    vocab_size: int = 2048
+    tiny_hidden: int = 64
+    tiny_layers: int = 2
+    context: str = "full"
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    sft_episodes: int = 0
+    sft_epochs: int = 3
+    sft_lr: float = 2e-3
+    sft_batch_tokens: int = 4096
+    sft_noise: float = 0.0
+    sft_seed: int = 1_000_000
+    steps: int = 10
+    tasks_per_step: int = 4
+    group_size: int = 4
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    micro_batch_tokens: int = 16384
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    eval_every: int = 5
+    eval_episodes: int = 32
+    eval_seed: int = 0
+    eval_temperature: float = 0.0
+    save_every: int = 1
+    num_envs: int = 0
+    cpu_threads: int = 1
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise TrainError(f"--method {self.method!r}: use one of {', '.join(METHODS)}")
+        for name in ("steps", "sft_episodes", "eval_episodes"):
+            if getattr(self, name) < 0:
+                raise TrainError(f"--{name.replace('_', '-')} must be >= 0")
+        for name in ("tasks_per_step", "group_size", "max_new_tokens", "ppo_epochs", "mini_batches", "micro_batch_tokens", "sft_batch_tokens",
+                     "sft_epochs"):
+            if getattr(self, name) < 1:
+                raise TrainError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.save_every < 0:
+            raise TrainError("--save-every must be >= 0 (0: no checkpoints, so no --resume)")
+        if self.eval_every < 0:
+            raise TrainError("--eval-every must be >= 0 (0: evaluate only before and after training)")
+        if not 0.0 <= self.sft_noise < 1.0:
+            raise TrainError("--sft-noise must be in [0, 1)")
+        agentgym_opsd.ContextPolicy.parse(self.context)
+        self.credit_config()
+
+    def credit_config(self):
+        """The credit core's settings: the spec's defaults for this env family and method, with
+        `credit` overrides (unknown keys and bad values are a TrainError)."""
+        from trainer.credit import CreditConfig
+
+        known = {f.name for f in dataclasses.fields(CreditConfig)}
+        unknown = set(self.credit) - known
+        if unknown:
+            raise TrainError(f"--credit {', '.join(sorted(unknown))}: unknown setting(s); CreditConfig has {', '.join(sorted(known))}")
+        try:
+            return CreditConfig.for_env(self.env_id, self.method, **self.credit)
+        except (TypeError, ValueError) as e:
+            raise TrainError(f"--credit: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# Settings a resumed run may change (the rest must match the checkpoint's run).
+_RESUMABLE_CHANGES = {"steps", "eval_every", "save_every", "out", "device", "num_envs", "cpu_threads"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows, micro-batches and the per-token pieces of the loss
+
+
+def _row_tensors(rows) -> dict[str, torch.Tensor]:
+    """The [R, ...] tensors of a TokenRows (any field whose first dimension is the row count)."""
+    n = rows.input_ids.shape[0]
+    out = {}
+    for f in dataclasses.fields(rows) if dataclasses.is_dataclass(rows) else []:
+        value = getattr(rows, f.name)
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+            out[f.name] = value
+    return out
+
+
+def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Row indices packed into micro-batches whose padded size (rows x longest row) stays within
+    `max_tokens` (a longer row goes alone). Rows of similar length go together."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        width = max(longest, int(lengths[i]))
+        if current and width * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+            width = int(lengths[i])
+        current.append(i)
+        longest = width
+    if current:
+        batches.append(current)
+    return batches
+
+
+def clipped_pg_loss(
+    new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The PPO clipped surrogate, summed over `mask` (divide by the batch's token count for the mean).
+
+        r_t = exp(lp_new - lp_old);  l_t = -min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t)
+
+    Returns (sum of l_t, number of clipped tokens, sum of r_t) over the masked tokens.
+    """
+    ratio = torch.exp(new_logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    m = mask.float()
+    was_clipped = ((unclipped - clipped).abs() > 0) & mask
+    return (loss * m).sum(), was_clipped.sum(), (ratio.detach() * m).sum()
+
+
+def kl_k3(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) estimate k3 = exp(ref - new) - (ref - new) - 1 (>= 0, unbiased)."""
+    d = ref_logp - new_logp
+    return torch.exp(d) - d - 1.0
+
+
+class PerturbedExpert:
+    """The env's expert with random detours (DART-style state perturbation).
+
+    With probability `noise` a turn is a random admissible action instead of the expert's; the expert
+    replans from wherever that leads. The detours put the expert in states it would never visit by
+    itself (a wrong receptacle, an object not found yet), so a policy fine-tuned on the expert's
+    turns also learns how to recover. `detours` holds `(episode_id, turn)` of the random turns
+    (SFT leaves them out). Draws depend on (seed, episode id, turn) only, not on batching.
+    """
+
+    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
+        self.name = "expert"
+        self.noise = float(noise)
+        self.seed = int(seed)
+        self.expert = ExpertAgent()
+        self.detours: set[tuple[str, int]] = set()
+
+    def act(self, messages, info, env) -> str:
+        step = info.get("step")
+        if step is not None and self.noise > 0 and step.admissible_actions:
+            digest = hashlib.blake2b(step.episode_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            rng = np.random.default_rng([self.seed, int.from_bytes(digest, "little"), int(step.turn)])
+            if rng.random() < self.noise:
+                self.detours.add((step.episode_id, int(step.turn)))
+                actions = step.admissible_actions
+                return env.format_action(actions[int(rng.integers(len(actions)))])
+        return self.expert.act(messages, info, env)
+
+
+def sampling_consistency(rows, episode_index: Sequence[int], samples: dict, old_logp: torch.Tensor) -> dict[str, float]:
+    """Do the token rows hold what the policy sampled, in the context it sampled it?
+
+    For each turn, the row's generated tokens (before the end-of-turn token) are compared with the
+    sampled ids; where they are the same (the response re-tokenizes to the sampled ids), the row's
+    old log-probs must equal the sampling log-probs up to float error.
+
+    Returns `rollout/retokenized_same` (fraction of turns whose tokens match) and
+    `rollout/logprob_gap` (mean |lp_rows - lp_sampled| over the tokens of those turns; about 1e-6
+    when the rollout prompt and the row context agree).
+    """
+    same = total = 0
+    gap_sum, gap_n = 0.0, 0
+    turn_id = rows.turn_id
+    for r in range(rows.num_rows):
+        e = int(rows.row_episode[r])
+        ks = rows.row_turn[r : r + 1].tolist() if int(rows.row_turn[r]) >= 0 else sorted(set(turn_id[r][turn_id[r] >= 0].tolist()))
+        for k in ks:
+            record = samples.get((episode_index[e], int(k)))
+            if record is None:
+                continue
+            ids, lps = record
+            positions = (turn_id[r] == k).nonzero().squeeze(1)[: len(ids)]
+            total += 1
+            if rows.input_ids[r, positions].tolist() == list(ids):
+                same += 1
+                if ids:
+                    gap_sum += float((old_logp[r, positions] - torch.tensor(lps)).abs().sum())
+                    gap_n += len(ids)
+    return {"rollout/retokenized_same": same / max(1, total), "rollout/logprob_gap": gap_sum / max(1, gap_n)}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class LocalTrainer:
+    """A training run in `config.out` (see the module docstring)."""
+
+    def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True) -> None:
+        config.validate()
+        self.config = config
+        self.out = Path(config.out)
+        self.progress = progress
+        if not progress:  # transformers' own bars (loading and writing weights) too
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        self.resume = resume
+        self.step = 0
+        self.sft_done = False
+        self.evaluated_steps: set[int] = set()
+        self.hooks: dict[str, list[Callable[..., None]]] = {"after_rollout": [], "after_update": []}
+        self.model = None
+        self.tokenizer = None
+        self.teacher_model = None
+        self.reference_model = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.rng = np.random.default_rng(config.seed)
+        self._writer = None
+        self._samples: dict = {}
+        self._last_eval: dict[str, Any] | None = None
+
+    # -- env --------------------------------------------------------------------------------
+
+    def make_env(self):
+        return agentgym_opsd.make(self.config.env_id, **self.config.env_options)
+
+    def make_eval_env(self):
+        return agentgym_opsd.make(self.config.env_id, **{**self.config.env_options, **self.config.eval_env_options})
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        cfg = self.config
+        if cfg.cpu_threads > 0 and not str(cfg.device).startswith("cuda"):
+            torch.set_num_threads(cfg.cpu_threads)
+        self.out.mkdir(parents=True, exist_ok=True)
+        ckpt = self.out / CHECKPOINT
+        if ckpt.exists() and not self.resume:
+            raise TrainError(f"{self.out} already holds a run ({CHECKPOINT}); pass --resume to continue it or use a new --out")
+        if self.resume and ckpt.exists():
+            self._load_run()
+            return
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        self._init_policy()
+        atomic_write_json(self.out / "config.json", cfg.to_dict())
+        if (self.out / "metrics.jsonl").exists():
+            (self.out / "metrics.jsonl").unlink()
+
+    def _init_policy(self) -> None:
+        cfg = self.config
+        corpus = None
+        if cfg.model == "tiny" and cfg.tokenizer in ("trained", "auto"):
+            corpus = self._tokenizer_corpus()
+        heads = max(4, cfg.tiny_hidden // 64)  # head_dim 16 for the tiny sizes, 64 from hidden 256 up
+        spec = TinyModelSpec(hidden_size=cfg.tiny_hidden, num_hidden_layers=cfg.tiny_layers, num_attention_heads=heads,
+                             num_key_value_heads=max(1, heads // 2), head_dim=cfg.tiny_hidden // heads,
+                             intermediate_size=4 * cfg.tiny_hidden)
+        self.model, self.tokenizer = load_policy(
+            cfg.model, tokenizer=cfg.tokenizer, corpus=corpus, vocab_size=cfg.vocab_size, seed=cfg.seed,
+            device=cfg.device, dtype=cfg.dtype, tiny=spec,
+        )
+        if cfg.model == "tiny":  # the tokenizer (perhaps trained just now) and architecture, for resume and eval
+            self.model.save_pretrained(self.out / "init")
+            self.tokenizer.save_pretrained(self.out / "init")
+        self._make_optimizer(cfg.lr)
+
+    def _tokenizer_corpus(self) -> list[str]:
+        """Text to train a tokenizer on: the env's instructions and the turns of expert episodes (or
+        random ones when the env has no expert)."""
+        episodes, _ = self._expert_episodes(max(16, min(self.config.sft_episodes, 64)), progress="tokenizer corpus")
+        texts: list[str] = []
+        for e in episodes:
+            texts += [e.instructions, e.initial_observation]
+            for t in e.turns:
+                texts += [t.response, t.observation]
+                texts += list(t.step.admissible_actions or [])
+        return texts
+
+    def _make_optimizer(self, lr: float) -> None:
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=lr, weight_decay=self.config.weight_decay, betas=(0.9, 0.99)
+        )
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """SFT warm start (if asked and not done), evaluation before RL, the RL updates with periodic
+        evaluation and checkpoints, then the final evaluation, model, plots and report."""
+        self.start()
+        cfg = self.config
+        if 0 not in self.evaluated_steps and (cfg.eval_episodes > 0):
+            self.evaluate()
+            self._checkpoint()
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.method} updates", unit="upd",
+                   disable=not self.progress)
+        try:
+            while self.step < cfg.steps:
+                record = self.rl_step()
+                bar.update(1)
+                bar.set_postfix(success=f"{record['train/success']:.2f}", loss=f"{record['loss']:.3f}")
+                due_eval = cfg.eval_every > 0 and self.step % cfg.eval_every == 0
+                if (due_eval or self.step == cfg.steps) and cfg.eval_episodes > 0:
+                    self.evaluate()
+                if cfg.save_every > 0 and (self.step % cfg.save_every == 0 or self.step == cfg.steps):
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        return self.finish()
+
+    def start(self) -> None:
+        """Set the run up (or load it back) and warm-start the policy: after this, `rl_step` trains."""
+        self.setup()
+        if not self.sft_done:
+            if self.config.sft_episodes > 0:
+                self.sft()
+            self.sft_done = True
+            self._init_rl_models()
+            self._make_optimizer(self.config.lr)
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        if self.config.save_every > 0:
+            self.save_checkpoint()
+
+    def finish(self) -> dict[str, Any]:
+        from trainer.plots import plot_run
+
+        export = self.out / "model"
+        self.model.save_pretrained(export)
+        self.tokenizer.save_pretrained(export)
+        evals = [r for _, r in read_jsonl_numbered(self.out / "metrics.jsonl") if r.get("kind") == "eval"]
+        report = {
+            "env_id": self.config.env_id,
+            "method": self.config.method,
+            "steps": self.step,
+            "parameters": parameter_count(self.model),
+            "eval": [{k: v for k, v in r.items() if k.startswith("eval/") or k == "step"} for r in evals],
+            "success_before": evals[0]["eval/success"] if evals else None,
+            "success_after": evals[-1]["eval/success"] if evals else None,
+        }
+        atomic_write_json(self.out / "report.json", report)
+        plot_run(self.out)
+        if self._writer is not None:
+            self._writer.flush()
+        return report
+
+    # -- RL models (teacher snapshot, KL reference) -----------------------------------------
+
+    def _init_rl_models(self) -> None:
+        cfg = self.config
+        credit = cfg.credit_config()
+        if credit.needs_teacher and credit.teacher_mode == "stale":
+            self.teacher_model = self._frozen_copy(self.model)
+        if cfg.kl_coef > 0:
+            self.reference_model = self._frozen_copy(self.model)
+
+    @staticmethod
+    def _frozen_copy(model):
+        twin = copy.deepcopy(model)
+        twin.eval()
+        twin.requires_grad_(False)
+        return twin
+
+    def teacher(self):
+        """The model that scores with privileged context: the live policy or the snapshot."""
+        return self.model if self.teacher_model is None else self.teacher_model
+
+    # -- rollouts ---------------------------------------------------------------------------
+
+    def agent(self, *, temperature: float, seed: int | None = None, name: str = "policy") -> HFPolicyAgent:
+        """The policy as an agent; its prompts are rendered exactly as the token rows render them."""
+        from trainer.rows import render_prompt
+
+        kwargs = dict(self.config.chat_template_kwargs)
+        return HFPolicyAgent(
+            self.model, self.tokenizer, max_new_tokens=self.config.max_new_tokens, temperature=temperature,
+            seed=self.config.seed if seed is None else seed, chat_template_kwargs=kwargs, name=name,
+            render=lambda messages: render_prompt(self.tokenizer, messages, **kwargs),
+        )
+
+    def _expert_episodes(self, n: int, *, progress: str = "expert episodes") -> tuple[list[Episode], set]:
+        """`n` episodes of the (perturbed) expert on seeds sft_seed.., and the detour turns."""
+        requests = [EpisodeRequest(seed=self.config.sft_seed + i, episode_id=f"expert-{i}") for i in range(n)]
+        expert = PerturbedExpert(self.config.sft_noise, seed=self.config.seed)
+        episodes = run_episodes(
+            self.make_env, expert, requests, num_envs=min(16, max(1, n)), context=self.config.context,
+            progress=progress if self.progress else False,
+        )
+        return episodes, expert.detours
+
+    # -- token rows and log-probs -----------------------------------------------------------
+
+    def rows(self, episodes: Sequence[Episode]):
+        """Token rows of finished episodes (`trainer.rows.build_rows`), cut at the model's context."""
+        from trainer.rows import build_rows
+
+        return build_rows(list(episodes), self.tokenizer, span_mode=self.credit.span_mode,
+                          chat_template_kwargs=self.config.chat_template_kwargs,
+                          max_length=getattr(self.model.config, "max_position_embeddings", None))
+
+    def _batches(self, rows, max_tokens: int | None = None) -> list[list[int]]:
+        lengths = rows.attention_mask.sum(-1).tolist()
+        return micro_batches(lengths, max_tokens or self.config.micro_batch_tokens)
+
+    def _slice(self, rows, index: list[int]) -> dict[str, torch.Tensor]:
+        idx = torch.tensor(index, dtype=torch.long)
+        width = int(rows.attention_mask[idx].sum(-1).max())
+        device = self.model.device
+        return {
+            "input_ids": rows.input_ids[idx, :width].to(device),
+            "attention_mask": rows.attention_mask[idx, :width].to(device),
+            "generated": (rows.turn_id[idx, :width] >= 0).to(device),
+        }
+
+    @torch.no_grad()
+    def logprobs(self, model, rows) -> torch.Tensor:
+        """[R, T] log-probs of the generated tokens under `model` (0 elsewhere), no grad."""
+        was = model.training
+        model.eval()
+        out = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
+        for index in self._batches(rows):
+            mb = self._slice(rows, index)
+            lp = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["generated"],
+                                temperature=self._train_temperature())
+            out[torch.tensor(index)[:, None], torch.arange(lp.shape[1])[None, :]] = lp.cpu()
+        model.train(was)
+        return out
+
+    def _train_temperature(self) -> float:
+        return self.config.temperature if self.config.temperature > 0 else 1.0
+
+    # -- SFT warm start ---------------------------------------------------------------------
+
+    def sft(self) -> dict[str, Any]:
+        """Supervised fine-tuning on the successful episodes of the env's expert: token-mean
+        cross-entropy of the expert's turns (observations are context only)."""
+        cfg = self.config
+        started = time.perf_counter()
+        played, detours = self._expert_episodes(cfg.sft_episodes)
+        episodes = [e for e in played if e.success and not e.error]
+        if not episodes:
+            raise TrainError(f"{cfg.env_id}: the expert solved none of {cfg.sft_episodes} episodes; nothing to warm-start on")
+        save_episodes(self.out / "episodes" / "sft_expert.jsonl", episodes)
+        rows = self.rows(episodes)
+        # the expert's own turns: [E, K] table of detours, looked up for every token by (episode, turn)
+        K = max(e.num_turns for e in episodes)
+        detour = torch.zeros(len(episodes), K + 1, dtype=torch.bool)
+        for i, e in enumerate(episodes):
+            for k in range(e.num_turns):
+                detour[i, k] = (e.episode_id, k) in detours
+        is_detour = detour[rows.row_episode[:, None], rows.turn_id.clamp(min=0)]
+        target = (rows.turn_id >= 0) & ~is_detour
+        self._make_optimizer(cfg.sft_lr)
+        generated_tokens = int(target.sum())
+        bar = tqdm(total=cfg.sft_epochs, desc="SFT warm start", unit="epoch", disable=not self.progress)
+        loss_value = float("nan")
+        sft_rng = np.random.default_rng(cfg.seed + 7)
+        for epoch in range(cfg.sft_epochs):
+            batches = self._batches(rows, cfg.sft_batch_tokens)
+            order = sft_rng.permutation(len(batches))
+            total, count = 0.0, 0
+            for b in order:
+                mb = self._slice(rows, batches[b])
+                mask = target[torch.tensor(batches[b]), : mb["input_ids"].shape[1]].to(self.model.device)
+                if not bool(mask.any()):  # only detour turns here: nothing to imitate
+                    continue
+                lp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mask)
+                n = mask.sum().clamp(min=1)
+                loss = -(lp * mask).sum() / n
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                total += loss.item() * int(n)
+                count += int(n)
+            loss_value = total / max(1, count)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.3f}")
+            self.log({"kind": "sft", "step": 0, "sft/epoch": epoch + 1, "sft/loss": loss_value})
+        bar.close()
+        record = {
+            "kind": "sft_done", "step": 0, "sft/episodes": len(episodes), "sft/generated_tokens": generated_tokens,
+            "sft/detour_turns": int(is_detour[rows.turn_id >= 0].sum()) if len(detours) else 0,
+            "sft/loss": loss_value, "sft/seconds": time.perf_counter() - started,
+        }
+        self.log(record)
+        return record
+
+    # -- one RL update ----------------------------------------------------------------------
+
+    def rollout(self) -> list[Episode]:
+        cfg = self.config
+        seeds = self.rng.integers(0, 2**31 - 1, size=cfg.tasks_per_step)
+        requests = [
+            EpisodeRequest(seed=int(s), episode_id=f"u{self.step + 1}-t{j}-g{i}", group=f"u{self.step + 1}-t{j}")
+            for j, s in enumerate(seeds)
+            for i in range(cfg.group_size)
+        ]
+        episodes = run_episodes(
+            self.make_env, self._rollout_agent, requests, num_envs=cfg.num_envs or len(requests),
+            context=cfg.context, progress=f"rollout {self.step + 1}" if self.progress else False,
+        )
+        self._samples = self._rollout_agent.annotate(episodes)
+        return episodes
+
+    def rl_step(self) -> dict[str, Any]:
+        cfg = self.config
+        started = time.perf_counter()
+        agent = self._rollout_agent
+        episodes = self.rollout()
+        rollout_stats = agent.pop_stats()
+        rollout_seconds = time.perf_counter() - started
+        save_episodes(self.out / "episodes" / f"update_{self.step + 1:05d}.jsonl", episodes)
+        for hook in self.hooks["after_rollout"]:
+            hook(self, episodes)
+
+        t0 = time.perf_counter()
+        played = [e for e in episodes if e.error is None]  # an env failure has no outcome to learn from
+        if not played:
+            raise TrainError(f"update {self.step + 1}: every episode failed; the first: {episodes[0].error}")
+        rows = self.rows(played)
+        old_logp = self.logprobs(self.model, rows)
+        consistency = sampling_consistency(rows, [episodes.index(e) for e in played], self._samples, old_logp)
+        advantages, diagnostics, extra = self.advantages(played, rows, old_logp)
+        scoring_seconds = time.perf_counter() - t0
+        ref_logp = self.logprobs(self.reference_model, rows) if self.reference_model is not None else None
+
+        t1 = time.perf_counter()
+        update = self.update(rows, old_logp, advantages, ref_logp)
+        update_seconds = time.perf_counter() - t1
+        self.step += 1
+        if self.teacher_model is not None and self.step % self.credit.teacher_refresh == 0:
+            self.teacher_model.load_state_dict(self.model.state_dict())
+
+        n = len(episodes)
+        record = {
+            "kind": "train",
+            "step": self.step,
+            "train/success": sum(e.success for e in episodes) / max(1, n),
+            "train/reward": float(np.mean([e.total_reward for e in episodes])) if n else 0.0,
+            "train/turns": float(np.mean([e.num_turns for e in episodes])) if n else 0.0,
+            "train/invalid_rate": sum(e.invalid_turns for e in episodes) / max(1, sum(e.num_turns for e in episodes)),
+            "train/errors": sum(1 for e in episodes if e.error),
+            **update,
+            **diagnostics,
+            **extra,
+            "rollout/new_tokens": rollout_stats["new_tokens"],
+            "rollout/capped_turns": rollout_stats["capped_turns"],
+            "rows/count": rows.num_rows,
+            "rows/tokens": rows.num_tokens,
+            "rows/truncated": rows.truncated_rows,
+            **consistency,
+            "rollout/tokens_per_s": rollout_stats["new_tokens"] / max(1e-9, rollout_seconds),
+            "time/rollout_s": rollout_seconds,
+            "time/scoring_s": scoring_seconds,
+            "time/update_s": update_seconds,
+            "time/step_s": time.perf_counter() - started,
+        }
+        self.log(record)
+        for hook in self.hooks["after_update"]:
+            hook(self, record)
+        return record
+
+    @property
+    def credit(self):
+        if getattr(self, "_credit", None) is None:
+            self._credit = self.config.credit_config()
+        return self._credit
+
+    def advantages(self, episodes, rows, old_logp) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
+        """Per-token advantages from the credit core (`compute_advantages`), its diagnostics, and
+        extra metrics (teacher scoring)."""
+        from trainer.credit import compute_advantages
+
+        credit = self.credit
+        extra: dict[str, Any] = {}
+        teacher: dict[str, Any] = {}
+        if credit.needs_teacher:
+            from trainer.teacher import score_teacher
+
+            t0 = time.perf_counter()
+            scores = score_teacher(self.teacher(), self.tokenizer, list(episodes), rows, credit,
+                                   micro_batch_tokens=self.config.micro_batch_tokens)
+            teacher = {"teacher_logprobs": scores.logprobs, "teacher_scored": scores.scored,
+                       "teacher_truncated": scores.truncated}
+            extra.update(scores.stats())
+            extra["time/teacher_s"] = time.perf_counter() - t0
+        batch = rows.credit_batch(student_logprobs=old_logp, **teacher)
+        advantages, diagnostics = compute_advantages(batch, credit, self.step)
+        return advantages, diagnostics, extra
+
+    def update(self, rows, old_logp: torch.Tensor, advantages: torch.Tensor, ref_logp: torch.Tensor | None) -> dict[str, float]:
+        """`ppo_epochs` passes over the batch, each split into `mini_batches` random mini-batches of rows;
+        each mini-batch is one optimizer step (its micro-batches accumulate gradients; the loss is the
+        token mean over the mini-batch). The first mini-batch of the first pass is on-policy (ratio 1);
+        later ones are off-policy by the steps before them, which the ratio clip bounds."""
+        cfg = self.config
+        mask_all = rows.turn_id >= 0
+        if int(mask_all.sum()) == 0:
+            return {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "ratio_mean": 1.0,
+                    "entropy": 0.0, "optimizer_steps": 0, "update/tokens": 0, "update/tokens_per_s": 0.0}
+        started = time.perf_counter()
+        totals = dict.fromkeys(("pg", "kl", "clipped", "ratio", "entropy", "tokens", "grad_norm"), 0.0)
+        steps = 0
+        shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(rows.num_rows, generator=shuffle).tolist()
+            parts = max(1, min(cfg.mini_batches, rows.num_rows))
+            for part in range(parts):
+                members = sorted(order[part::parts])
+                n_tokens = int(mask_all[members].sum())
+                if n_tokens == 0:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                lengths = rows.attention_mask[members].sum(-1).tolist()
+                for local in micro_batches(lengths, cfg.micro_batch_tokens):
+                    index = [members[i] for i in local]
+                    mb = self._slice(rows, index)
+                    width = mb["input_ids"].shape[1]
+                    idx = torch.tensor(index)
+                    old = old_logp[idx, :width].to(self.model.device)
+                    adv = advantages[idx, :width].to(self.model.device, torch.float32)
+                    mask = mb["generated"]
+                    new, entropy = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mask,
+                                                  temperature=self._train_temperature(), with_entropy=True)
+                    pg, clipped, ratio = clipped_pg_loss(new, old, adv, mask, cfg.clip_eps)
+                    loss = pg / n_tokens
+                    if ref_logp is not None:
+                        kl = (kl_k3(new, ref_logp[idx, :width].to(self.model.device)) * mask).sum()
+                        loss = loss + cfg.kl_coef * kl / n_tokens
+                        totals["kl"] += float(kl.detach())
+                    loss.backward()
+                    totals["pg"] += float(pg.detach())
+                    totals["clipped"] += float(clipped)
+                    totals["ratio"] += float(ratio)
+                    totals["entropy"] += float((entropy * mask).sum())
+                    totals["tokens"] += int(mask.sum())
+                totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+                self.optimizer.step()
+                steps += 1
+        n = max(1.0, totals["tokens"])
+        stats = {
+            "loss": (totals["pg"] + cfg.kl_coef * totals["kl"]) / n,
+            "pg_loss": totals["pg"] / n,
+            "kl_ref": totals["kl"] / n,
+            "clip_frac": totals["clipped"] / n,
+            "ratio_mean": totals["ratio"] / n,
+            "entropy": totals["entropy"] / n,
+            "grad_norm": totals["grad_norm"] / max(1, steps),
+            "optimizer_steps": steps,
+        }
+        processed = int(totals["tokens"])
+        n_tokens = int(mask_all.sum())
+        # How far the update moved the policy: KL(old || new) on the batch, k3 estimator (>= 0), over
+        # the tokens of every 4th micro-batch (a quarter of the cost of a full extra forward pass).
+        kl_num = kl_den = 0.0
+        with torch.no_grad():
+            for index in self._batches(rows)[::4]:
+                mb = self._slice(rows, index)
+                width = mb["input_ids"].shape[1]
+                new = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mb["generated"],
+                                     temperature=self._train_temperature())
+                old = old_logp[torch.tensor(index), :width].to(new.device)
+                kl_num += float((kl_k3(old, new) * mb["generated"]).sum())  # samples come from old
+                kl_den += float(mb["generated"].sum())
+        stats["kl_old_new"] = kl_num / max(1.0, kl_den)
+        stats["update/tokens"] = n_tokens
+        stats["update/tokens_per_s"] = processed / max(1e-9, time.perf_counter() - started)
+        return stats
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, Any]:
+        """The held-out panel: seeds eval_seed .. eval_seed + n - 1 on the eval env, sampled with a
+        generator of its own (the training RNG streams are untouched); success per subset."""
+        cfg = self.config
+        agent = self.agent(temperature=cfg.eval_temperature, seed=cfg.seed + 12345, name=f"{cfg.method}@{self.step}")
+        requests = [EpisodeRequest(seed=cfg.eval_seed + i, episode_id=f"eval{self.step}-{i}") for i in range(cfg.eval_episodes)]
+        started = time.perf_counter()
+        episodes = run_episodes(
+            self.make_eval_env, agent, requests, num_envs=cfg.num_envs or min(64, len(requests)), context=cfg.context,
+            progress=f"eval @ {self.step}" if self.progress else False,
+        )
+        save_episodes(self.out / "episodes" / f"eval_{self.step:05d}.jsonl", episodes)
+        summary = summarize(episodes, env_id=cfg.env_id, agent=agent.name)
+        record = {
+            "kind": "eval",
+            "step": self.step,
+            "eval/success": summary["success_rate"],
+            "eval/score": summary["mean_score"],
+            "eval/turns": summary["mean_turns"],
+            "eval/invalid_rate": summary["invalid_rate"],
+            "eval/seconds": time.perf_counter() - started,
+            **{f"eval/success/{t}": s["success_rate"] for t, s in summary["by_task_type"].items()},
+        }
+        self.log(record)
+        self.evaluated_steps.add(self.step)
+        self._last_eval = summary
+        if self.progress:
+            tqdm.write(format_table(summary))
+        return record
+
+    # -- logging ----------------------------------------------------------------------------
+
+    def log(self, record: dict[str, Any]) -> None:
+        clean = {k: (float(v) if isinstance(v, (np.floating, torch.Tensor)) else v) for k, v in record.items()}
+        clean["time"] = time.time()
+        append_jsonl(self.out / "metrics.jsonl", [clean])
+        writer = self._tb()
+        if writer is not None:
+            for key, value in clean.items():
+                if key not in ("step", "time", "kind") and isinstance(value, (int, float)) and math.isfinite(value):
+                    writer.add_scalar(key, value, clean["step"])
+
+    def _tb(self):
+        if self._writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard missing: JSONL and plots still record everything
+                return None
+            self._writer = SummaryWriter(str(self.out / "tb"), purge_step=self.step + 1 if self.step else None)
+        return self._writer
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> None:
+        """model, optimizer, teacher snapshot, KL reference, RNG states and progress, in one file
+        written atomically (a crash leaves the previous checkpoint)."""
+        state = {
+            "format": 1,
+            "config": self.config.to_dict(),
+            "step": self.step,
+            "sft_done": self.sft_done,
+            "evaluated_steps": sorted(self.evaluated_steps),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "teacher": None if self.teacher_model is None else self.teacher_model.state_dict(),
+            "reference": None if self.reference_model is None else self.reference_model.state_dict(),
+            "rng": {
+                "trainer": self.rng.bit_generator.state,
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "rollout_agent": self._rollout_agent.state_dict() if self._agent is not None else None,
+            },
+        }
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        atomic_write_bytes(self.out / CHECKPOINT, buffer.getvalue())
+
+    def _load_run(self) -> None:
+        state = torch.load(self.out / CHECKPOINT, map_location="cpu", weights_only=False)
+        saved = TrainConfig.from_dict(state["config"])
+        changed = {k for k, v in saved.to_dict().items() if getattr(self.config, k) != v} - _RESUMABLE_CHANGES
+        if changed:
+            raise TrainError(
+                f"--resume: the run in {self.out} was started with other settings ({', '.join(sorted(changed))}); "
+                "resume with the same settings, or start a new run with another --out"
+            )
+        cfg = self.config
+        if cfg.model == "tiny":
+            self.model, self.tokenizer = load_policy(str(self.out / "init"), device=cfg.device, dtype=cfg.dtype)
+        else:
+            self.model, self.tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        self.model.load_state_dict(state["model"])
+        self.step = int(state["step"])
+        self.sft_done = bool(state["sft_done"])
+        self.evaluated_steps = set(state["evaluated_steps"])
+        if self.sft_done:
+            self._init_rl_models()
+            if state["teacher"] is not None:
+                self.teacher_model.load_state_dict(state["teacher"])
+            if state["reference"] is not None:
+                self.reference_model.load_state_dict(state["reference"])
+        self._make_optimizer(cfg.lr if self.sft_done else cfg.sft_lr)
+        self.optimizer.load_state_dict(state["optimizer"])
+        rng = state["rng"]
+        self.rng.bit_generator.state = rng["trainer"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        if rng["rollout_agent"] is not None:
+            self._rollout_agent.load_state_dict(rng["rollout_agent"])
+        self._truncate_metrics()
+
+    def _truncate_metrics(self) -> None:
+        """Drop what a killed run logged after its last checkpoint (it will be redone)."""
+        path = self.out / "metrics.jsonl"
+        if not path.exists():
+            return
+        keep = []
+        for _, record in read_jsonl_numbered(path, skip_torn_lines=True):
+            step = int(record.get("step", 0))
+            if step < self.step or (step == self.step and self._logged_before_checkpoint(record)):
+                keep.append(record)
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
+
+    def _logged_before_checkpoint(self, record: dict[str, Any]) -> bool:
+        kind = record.get("kind")
+        if kind == "eval":
+            return self.step in self.evaluated_steps
+        if kind in ("sft", "sft_done"):
+            return self.sft_done
+        return True
+
+    _agent: HFPolicyAgent | None = None
+
+    @property
+    def _rollout_agent(self) -> HFPolicyAgent:
+        if self._agent is None:
+            self._agent = self.agent(temperature=self.config.temperature, seed=self.config.seed, name=f"{self.config.method}")
+        return self._agent
+
+
+def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) a training run; returns its report."""
+    return LocalTrainer(config, resume=resume, progress=progress).run()

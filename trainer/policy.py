@@ -1,0 +1,259 @@
+"""Policies for the local trainer: load a transformers causal LM, or build a seeded tiny Qwen3.
+
+`load_policy("PATH")` loads any local causal LM whose tokenizer has a chat template (Qwen2.5, Qwen3).
+`load_policy("tiny")` builds a randomly initialised small Qwen3 (seeded) on
+
+- the real Qwen3 tokenizer, from `tokenizer=PATH` (default `../shared/data/tokenizers/qwen3` when it
+  exists): its 151,669-token vocabulary makes the embedding and the softmax dominate the cost;
+- or, with `tokenizer="trained"` (or when no Qwen3 tokenizer is found), a byte-level BPE trained on
+  the fly with the `tokenizers` library on text from the env (`corpus`), with a ChatML template: a
+  vocabulary of a few thousand tokens keeps a CPU run fast.
+
+`token_logprobs` is the one place the trainer turns rows of tokens into log-probs: it runs the
+decoder once and applies the output head only at the positions asked for (a [rows, tokens, vocab]
+logits tensor would not fit for long episodes and large vocabularies).
+
+Devices: CPU by default; CUDA in bf16 when a GPU is present (`device="auto"`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentgym_opsd.policy_agents import end_of_turn_ids, load_hf_policy, resolve_device, resolve_dtype
+
+__all__ = [
+    "DEFAULT_QWEN3_TOKENIZER",
+    "CHATML_TEMPLATE",
+    "TinyModelSpec",
+    "PolicyLoadError",
+    "resolve_device",
+    "resolve_dtype",
+    "train_tokenizer",
+    "load_tokenizer",
+    "build_tiny_model",
+    "load_policy",
+    "end_of_turn_ids",
+    "token_logprobs",
+    "parameter_count",
+]
+
+# Read by relative path from the repository root, like the tests do.
+DEFAULT_QWEN3_TOKENIZER = Path("../shared/data/tokenizers/qwen3")
+
+# ChatML, as Qwen2.5 writes it (no reasoning stripping): system/user/assistant turns between
+# <|im_start|>ROLE\n and <|im_end|>\n; the generation prompt opens an assistant turn.
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+_CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+class PolicyLoadError(ValueError):
+    """A policy or tokenizer cannot be loaded; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Sizes of the tiny Qwen3 (defaults: about 0.1M parameters besides the embedding)."""
+
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 256
+    max_position_embeddings: int = 16384
+    tie_word_embeddings: bool = True
+
+
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048):
+    """A byte-level BPE trained on `texts`, wrapped as a transformers fast tokenizer with ChatML.
+
+    Byte-level: every string is encodable (no unknown token) and decodes back exactly, and offsets
+    map tokens to characters. `<|im_start|>`, `<|im_end|>` (end of turn) and `<|endoftext|>` (pad)
+    are special tokens, as in Qwen's tokenizers.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 300:
+        raise PolicyLoadError(f"tokenizer vocab_size {vocab_size}: use at least 300 (256 bytes + merges + specials)")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(_CHATML_SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator((t for t in texts if t), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def load_tokenizer(path: str | os.PathLike[str]):
+    """A transformers tokenizer from a local folder; it must have a chat template."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise PolicyLoadError(f"tokenizer folder {path} does not exist (give --tokenizer PATH, or --tokenizer trained)")
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if not getattr(tokenizer, "chat_template", None):
+        raise PolicyLoadError(f"the tokenizer in {path} has no chat template; the policy needs one to read chats")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def build_tiny_model(tokenizer, *, seed: int = 0, spec: TinyModelSpec | None = None):
+    """A randomly initialised Qwen3 causal LM over `tokenizer`'s vocabulary, the same for the same seed."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    spec = spec or TinyModelSpec()
+    eot = end_of_turn_ids(tokenizer)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        **asdict(spec),
+        eos_token_id=eot[0],
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = eot
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def load_policy(
+    model: str,
+    *,
+    tokenizer: str | None = "auto",
+    corpus: Iterable[str] | None = None,
+    vocab_size: int = 2048,
+    seed: int = 0,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    tiny: TinyModelSpec | None = None,
+) -> tuple[Any, Any]:
+    """The policy model (in train mode, on `device`) and its tokenizer.
+
+    Args:
+        model: a local folder with a transformers causal LM (and its tokenizer), or `tiny`.
+        tokenizer: for `tiny` only: a tokenizer folder, `trained` (BPE on `corpus`), or `auto`
+            (the shared Qwen3 tokenizer when present, else `trained`). Ignored for a folder model.
+        corpus: texts to train the tokenizer on (`trained`).
+        vocab_size: size of the trained tokenizer.
+        seed: initialisation seed of the tiny model.
+        device, dtype: see `resolve_device` and `resolve_dtype`.
+        tiny: sizes of the tiny model.
+    """
+    device = device if isinstance(device, torch.device) else resolve_device(device)
+    dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, device)
+    if model == "tiny":
+        if tokenizer in (None, "auto"):
+            tokenizer = str(DEFAULT_QWEN3_TOKENIZER) if DEFAULT_QWEN3_TOKENIZER.is_dir() else "trained"
+        if tokenizer == "trained":
+            if corpus is None:
+                raise PolicyLoadError("a trained tokenizer needs text to train on (pass corpus=...)")
+            tok = train_tokenizer(corpus, vocab_size=vocab_size)
+        else:
+            tok = load_tokenizer(tokenizer)
+        net = build_tiny_model(tok, seed=seed, spec=tiny)
+    else:
+        net, tok = load_hf_policy(model, device=str(device), dtype=str(dtype).removeprefix("torch."))
+    net.to(device=device, dtype=dtype)
+    net.train()
+    return net, tok
+
+
+def parameter_count(model) -> int:
+    return int(sum(p.numel() for p in model.parameters()))
+
+
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    score_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 4096,
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log pi(x_t | x_<t) at every position where `score_mask` is true; 0 elsewhere.
+
+    Args:
+        model: a causal LM.
+        input_ids, attention_mask: [R, T] right-padded rows.
+        score_mask: [R, T] bool; position 0 is never scored (it has no prefix).
+        temperature: logits are divided by it (as when sampling).
+        chunk: positions per output-head call (bounds the [positions, vocab] tensor).
+        with_entropy: also return the entropy of pi(. | x_<t) at the scored positions.
+
+    Returns:
+        float32 [R, T] log-probs (and entropies), differentiable when grad is enabled.
+    """
+    score_mask = score_mask.bool().clone()
+    score_mask[:, 0] = False
+    rows, cols = torch.nonzero(score_mask[:, 1:], as_tuple=True)  # predicting token cols+1 from position cols
+    targets = input_ids[rows, cols + 1]
+    decoder = _decoder(model)
+    head = model.get_output_embeddings() if decoder is not None else None
+    if decoder is not None and head is not None:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        picked = hidden[rows, cols]
+        pieces, entropies = [], []
+        for start in range(0, picked.shape[0], chunk):
+            logits = head(picked[start : start + chunk]).float() / temperature
+            logp = torch.log_softmax(logits, dim=-1)
+            pieces.append(logp.gather(-1, targets[start : start + chunk, None]).squeeze(-1))
+            if with_entropy:
+                entropies.append(-(logp.exp() * logp).sum(-1))
+        flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+        flat_entropy = torch.cat(entropies) if entropies else hidden.new_zeros(0, dtype=torch.float32)
+    else:  # a model without a separable head: full logits
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[rows, cols].float() / temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        flat = logp.gather(-1, targets[:, None]).squeeze(-1)
+        flat_entropy = -(logp.exp() * logp).sum(-1)
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    out = out.index_put((rows, cols + 1), flat)
+    if not with_entropy:
+        return out
+    ent = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    ent = ent.index_put((rows, cols + 1), flat_entropy.detach())
+    return out, ent
+
+
+def _decoder(model):
+    """The model's decoder stack (hidden states without the output head), or None."""
+    try:
+        decoder = model.get_decoder()
+    except (AttributeError, NotImplementedError, ValueError):
+        decoder = None
+    if decoder is None or decoder is model:
+        return None
+    return decoder
