@@ -9,16 +9,84 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "append_jsonl", "read_jsonl", "read_jsonl_numbered", "DataFileError"]
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "append_jsonl",
+    "read_jsonl",
+    "read_jsonl_numbered",
+    "parse_json",
+    "read_json_file",
+    "DataFileError",
+]
 
 
 class DataFileError(ValueError):
     """A data or result file could not be read; the message names the file and line."""
+
+
+def parse_json(raw: bytes, path: str | os.PathLike[str], *, line: int = 1) -> Any:
+    """`json.loads` of `raw` (a whole file, or one line of a JSONL file that starts at line `line`).
+
+    Every way a corrupt file can fail (not UTF-8, not JSON, nested past Python's recursion limit,
+    an integer past its digit limit) raises `DataFileError("{path}:{line}: invalid JSON: {reason}")`
+    with the line where the problem is.
+    """
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        at, reason = raw.count(b"\n", 0, e.start), f"not UTF-8 ({e.reason} at byte {e.start})"
+    except json.JSONDecodeError as e:
+        at, reason = e.lineno - 1, f"{e.msg} (column {e.colno})"
+    except RecursionError:
+        at, reason = _deep_nesting_line(raw), "arrays or objects nested too deeply"
+    except ValueError as e:  # an integer literal past Python's digit limit (sys.get_int_max_str_digits)
+        digits = re.search(rb"\d{4000,}", raw)
+        at, reason = (raw.count(b"\n", 0, digits.start()) if digits else 0), str(e).split(";")[0]
+    raise DataFileError(f"{path}:{line + at}: invalid JSON: {reason}")
+
+
+def _deep_nesting_line(raw: bytes, limit: int = 500) -> int:
+    """The 0-based line where brackets (outside strings) first nest deeper than `limit`."""
+    depth, in_string, escaped, newlines = 0, False, False, 0
+    for byte in raw:
+        if byte == 0x0A:
+            newlines += 1
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return newlines
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return 0
+
+
+def read_json_file(path: str | os.PathLike[str]) -> Any:
+    """Read a whole JSON file; a missing or corrupt file raises `DataFileError` naming the file (and line)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataFileError(f"{path}: is a folder, not a JSON file") from None
+    return parse_json(raw, path)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -108,12 +176,13 @@ def read_jsonl_numbered(
         if not line.strip():
             continue
         try:
-            obj = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            obj = parse_json(line, path, line=number)
+        except DataFileError as e:
             if skip_torn_lines:
                 continue
-            where = "truncated last line" if number - 1 == last else "invalid JSON"
-            raise DataFileError(f"{path}:{number}: {where}: {e}") from None
+            if number - 1 == last:
+                raise DataFileError(str(e).replace(": invalid JSON:", ": truncated last line:", 1)) from None
+            raise
         if not isinstance(obj, dict):
             raise DataFileError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
         yield number, obj
