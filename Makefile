@@ -8,6 +8,11 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
+# The OpenRLHF bridge's suite runs in its own venv (OpenRLHF pins its own stack; about 2 GB).
+OVENV := .venv-openrlhf
+OBIN := $(CURDIR)/$(OVENV)/bin
+OPIP := $(OBIN)/python -m pip --disable-pip-version-check -q
+OSTAMP := $(OVENV)/.installed
 
 .PHONY: setup demo test test-openrlhf clean
 
@@ -23,11 +28,24 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -e '.[dev]'
 	@touch $(STAMP)
 
+# OpenRLHF 0.11.2 with --no-deps (it hard-requires flash-attn, a CUDA source build), then the
+# project with every other requirement of OpenRLHF ([openrlhf-cpu]); the suite stubs flash-attn and vllm.
+$(OSTAMP): pyproject.toml Makefile
+	@test -x $(OBIN)/python || $(PYTHON) -m venv $(OVENV)
+	@echo "installing into $(OVENV) (first time: a few minutes)"
+	$(OPIP) install torch==2.13.0
+	$(OPIP) install --no-deps openrlhf==0.11.2 pyserini==1.6.0
+	PATH="$(OBIN):$$PATH" $(OPIP) install -e '.[dev,openrlhf-cpu]'
+	@touch $(OSTAMP)
+
 demo: $(STAMP)
 	$(BIN)/agentgym-opsd demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+test-openrlhf: $(OSTAMP)
+	$(OBIN)/python -m pytest -q tests/openrlhf
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(OVENV) .pytest_cache

@@ -32,6 +32,8 @@ COMMANDS: dict[str, str] = {
     "index": "retrieval_index.cli:add_index_parser",
     "serve-retrieval": "retrieval_index.cli:add_serve_parser",
     "searchqa-data": "environments.searchqa.fetch:add_parser",
+    "train-openrlhf": "trainer.openrlhf.cli:add_train_parser",
+    "openrlhf-prompts": "trainer.openrlhf.cli:add_prompts_parser",
 }
 
 

@@ -27,6 +27,8 @@ EXAMPLE_PLUGIN = Path(__file__).resolve().parent / "data" / "example_plugin"
 
 # alfworld writes to ~/.cache/alfworld at import unless ALFWORLD_DATA is set.
 os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "alfworld"))
+# Generated data (the ALFWorld panel and engine translations, the WebShop index) goes to a test cache, not ~/.cache.
+os.environ.setdefault("AGENTGYM_OPSD_CACHE", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "cache"))
 
 if str(EXAMPLE_PLUGIN) not in sys.path:
     sys.path.insert(0, str(EXAMPLE_PLUGIN))
@@ -102,3 +104,10 @@ def contract_options_searchqa(retrieval_server, tmp_path_factory: pytest.TempPat
         return {"data_file": str(require_shared_data("qa", files[subset])), "server_url": retrieval_server.url}
 
     return options
+
+
+@pytest.fixture(scope="session")
+def contract_options_alfworld() -> dict:
+    """ALFWorld ids in tests play a small embedded panel (2 train games per task type, 1 per eval split),
+    generated once into the test cache and shared by every ALFWorld test."""
+    return {"panel_size": {"train": 2, "valid_seen": 1, "valid_unseen": 1}, "progress": False}

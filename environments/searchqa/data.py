@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.io import DataFileError, parse_json
+from agentgym_opsd.paths import cache_dir
 from environments.searchqa import DATASETS
 
 __all__ = ["DATASETS", "QAExample", "load_questions", "detect_format", "data_home", "default_data_file", "FORMATS"]
@@ -70,8 +71,8 @@ class QAExample:
 
 
 def data_home() -> Path:
-    """Where fetched data, corpora and indexes live: $AGENTGYM_OPSD_DATA, else ~/.cache/agentgym-opsd."""
-    return Path(os.environ.get("AGENTGYM_OPSD_DATA") or Path.home() / ".cache" / "agentgym-opsd")
+    """Where fetched data, corpora and indexes live: the suite's cache root (`agentgym_opsd.paths`)."""
+    return cache_dir()
 
 
 def default_data_file(dataset: str, split: str) -> Path:

@@ -5,7 +5,7 @@
     agentgym-opsd searchqa-data fetch hotpotqa --split dev
     agentgym-opsd searchqa-data fetch wiki-18 --index            # 21M passages (~5 GB gzip), then a BM25 index
 
-Files land under `data_home()/searchqa/` ($AGENTGYM_OPSD_DATA, default ~/.cache/agentgym-opsd), where the
+Files land under `data_home()/searchqa/` ($AGENTGYM_OPSD_CACHE, default ~/.cache/agentgym-opsd), where the
 Search-QA envs look for them by default: `<dataset>/<split>.jsonl`, `corpora/wiki-18.jsonl`,
 `indexes/wiki-18/`. Sources: the FlashRAG datasets (RUC-NLPIR/FlashRAG_datasets, `<dataset>/<split>.jsonl`)
 and Search-R1's wiki-18 corpus (PeterJinGo/wiki-18-corpus, `wiki-18.jsonl.gz`), both on the Hugging Face

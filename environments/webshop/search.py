@@ -20,19 +20,15 @@ from collections import OrderedDict
 from pathlib import Path
 
 from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.paths import cache_dir
 from environments.webshop.catalog import Catalog
 
-__all__ = ["ProductSearch", "clean_query", "default_cache_dir", "SEARCH_RETURN_N", "PRODUCTS_PER_PAGE", "MAX_QUERY_WORDS"]
+__all__ = ["ProductSearch", "clean_query", "SEARCH_RETURN_N", "PRODUCTS_PER_PAGE", "MAX_QUERY_WORDS"]
 
 SEARCH_RETURN_N = 50  # results per search (WebShop's SEARCH_RETURN_N)
 PRODUCTS_PER_PAGE = 10  # results per page (WebShop's PRODUCT_WINDOW)
 MAX_QUERY_WORDS = 64  # longer queries are cut: a search box query, not a document
 MAX_QUERY_CHARS = 1000
-
-
-def default_cache_dir() -> Path:
-    """Where indexes are cached: `$AGENTGYM_OPSD_CACHE`, else `~/.cache/agentgym-opsd`."""
-    return Path(os.environ.get("AGENTGYM_OPSD_CACHE") or "~/.cache/agentgym-opsd").expanduser()
 
 
 def clean_query(text: str) -> str:
@@ -74,7 +70,7 @@ class ProductSearch:
     ) -> None:
         self.catalog = catalog
         if index_dir is None:
-            folder = default_cache_dir() / "webshop" / f"index-{catalog.fingerprint()}"
+            folder = cache_dir("webshop", f"index-{catalog.fingerprint()}")
         else:
             folder = Path(index_dir).expanduser()
         try:

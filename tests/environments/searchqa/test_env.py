@@ -122,7 +122,7 @@ def test_long_queries_are_cut_not_refused(retrieval_server, shared_data) -> None
 
 
 def test_data_and_server_errors_are_clear(retrieval_server, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("AGENTGYM_OPSD_DATA", str(tmp_path / "home"))
+    monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path / "home"))
     with pytest.raises(EnvUnavailable, match="agentgym-opsd searchqa-data fetch nq --split test"):
         agentgym_opsd.make("agentgym/SearchQA-NQ-v0", server_url=retrieval_server.url)
     bad = tmp_path / "bad.jsonl"
@@ -168,7 +168,7 @@ def test_rollout_records_a_dead_server_as_an_errored_episode(wiki_index: Path, s
 
 
 def test_synthetic_env_serves_its_own_index(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("AGENTGYM_OPSD_DATA", str(tmp_path))
+    monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path))
     env = gym.make("agentgym/SearchQA-Synthetic-v0", split="train")
     raw: SearchQAEnv = env.unwrapped
     assert raw.num_tasks == 370 and "127.0.0.1" in raw.server_url

@@ -17,7 +17,7 @@ from retrieval_index.lucene import BM25Searcher
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch) -> Path:
-    monkeypatch.setenv("AGENTGYM_OPSD_DATA", str(tmp_path / "home"))
+    monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path / "home"))
     return tmp_path / "home"
 
 

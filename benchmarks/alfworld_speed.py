@@ -1,0 +1,204 @@
+"""Reset and step latency of our ALFWorld env against alfworld's own engine, on the same games and actions.
+
+Compared, in one run:
+
+- `ours`: `AlfWorldEnv` (the whole TextEnv: turn parsing, StepInfo with admissible commands and a state
+  key, reward); `reset` is the episode start of a game already seen in this process; `new process` the
+  first start of a game in a process (engine translation read from the disk cache); `1st use` the very
+  first start of a game on a machine (fast-downward translates it).
+- `raw`: TextWorld's `PddlEnv` wrapped in alfworld's `AlfredDemangler` + `AlfredInfos`, requesting what
+  `AlfredTWEnv` requests (admissible commands, won, game file): the engine `AlfredTWEnv` runs. A reset is
+  `load(game) + reset()`, as AlfredTWEnv's gym env does at every episode.
+- `AlfredTWEnv`: alfworld's gym env itself (a batch of 1, in its worker process) on the real ALFWorld game
+  in ../shared/data/alfworld, when present.
+
+Actions: for each game, a fixed sequence recorded once from our env (seeded: random admissible commands,
+a few non-admissible ones, then the expert to the goal), replayed identically on every engine; the
+observations are checked equal along the way.
+
+    .venv/bin/python benchmarks/alfworld_speed.py [--games-per-type 2] [--split valid_seen]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SHARED_GAME_ROOT = REPO.parent / "shared" / "data" / "alfworld"
+os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-alfworld-data"))
+
+
+def record_actions(env, seed: int, random_steps: int, rng: random.Random) -> list[str]:
+    """A fixed command sequence for one game: random admissible + junk commands, then the expert."""
+    env.reset(seed=seed)
+    actions: list[str] = []
+    for _ in range(random_steps):
+        if rng.random() < 0.15:
+            command = "take the moon from the sky"
+        else:
+            command = rng.choice(env.admissible_actions())
+        actions.append(command)
+        _, _, terminated, truncated, _ = env.step(command)
+        if terminated or truncated:
+            return actions
+    while len(actions) < 45:
+        turn = env.expert_action()
+        if turn is None:
+            break
+        command = turn.split("<action>")[1].split("</action>")[0]
+        actions.append(command)
+        _, _, terminated, _, _ = env.step(command)
+        if terminated:
+            break
+    return actions
+
+
+def summary(values: list[float]) -> str:
+    return f"mean {1000 * statistics.fmean(values):8.2f} ms   median {1000 * statistics.median(values):8.2f} ms   (n={len(values)})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--games-per-type", type=int, default=2, help="embedded games per task type")
+    parser.add_argument("--split", default="valid_seen")
+    parser.add_argument("--random-steps", type=int, default=12, help="random commands before the expert takes over")
+    parser.add_argument("--no-alfredtwenv", action="store_true", help="skip alfworld's AlfredTWEnv on the real game")
+    args = parser.parse_args()
+
+    import textworld
+    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+    from textworld.envs import PddlEnv
+
+    from environments.alfworld.env import AlfWorldEnv
+    from environments.alfworld import engine as engine_module
+
+    rng = random.Random(0)
+    # Games: the first k of each type in the embedded panel's split, plus the real ALFWorld game.
+    sets = []
+    embedded = AlfWorldEnv(split=args.split, progress=True)
+    per_type: dict[str, list[int]] = {}
+    for i, entry in enumerate(embedded.games):
+        per_type.setdefault(entry.task_type, [])
+        if len(per_type[entry.task_type]) < args.games_per_type:
+            per_type[entry.task_type].append(i)
+    for indices in per_type.values():
+        for i in indices:
+            sets.append((embedded, i))
+    real = None
+    if (SHARED_GAME_ROOT / "json_2.1.1").is_dir():
+        real = AlfWorldEnv(source="alfworld", data_dir=str(SHARED_GAME_ROOT), split="train")
+        sets.append((real, 0))
+
+    plans = []
+    for env, index in sets:
+        actions = record_actions(env, index, args.random_steps, rng)
+        plans.append((env, index, env.games[index].game_file, actions))
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes slow every figure alike)")
+    print(f"{len(plans)} games ({len(plans) - (real is not None)} embedded from {args.split}, "
+          f"{int(real is not None)} real ALFWorld), {sum(len(p[3]) for p in plans)} commands in all")
+
+    # First use of a game ever: fast-downward translates it (then the translation is cached on disk).
+    first = []
+    probe = engine_module.AlfredEngine()
+    for _, _, game_file, _ in plans:
+        engine_module._COMPILED.clear()
+        t0 = time.perf_counter()
+        probe.load(engine_module.compile_game(game_file, disk_cache=False))
+        probe.reset()
+        first.append(time.perf_counter() - t0)
+    probe.close()
+    # A new process: empty in-process cache, translations read from the disk cache (what a new worker sees).
+    engine_module._COMPILED.clear()
+    cold = []
+    for env, index, _, _ in plans:
+        t0 = time.perf_counter()
+        env.reset(seed=index)
+        cold.append(time.perf_counter() - t0)
+
+    ours_reset, ours_step, raw_reset, raw_step = [], [], [], []
+    raw = AlfredInfos(AlfredDemangler(PddlEnv(textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])), shuffle=False))
+    mismatches = 0
+    for env, index, game_file, actions in plans:
+        t0 = time.perf_counter()
+        obs, _ = env.reset(seed=index)
+        ours_reset.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        raw.load(str(game_file))
+        state = raw.reset()
+        raw_reset.append(time.perf_counter() - t0)
+        mismatches += obs != state.feedback
+        for command in actions:
+            t0 = time.perf_counter()
+            obs, _, _, _, info = env.step(f"<think>next</think><action>{command}</action>")
+            ours_step.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            state, _, _ = raw.step(command)
+            raw_step.append(time.perf_counter() - t0)
+            mismatches += (obs != state.feedback) + (info["step"].admissible_actions != state["admissible_commands"])
+
+    print()
+    print(f"{'':22s} {'ours':>52s}")
+    print(f"reset, game's 1st use  {summary(first)}   (translates; once per machine)")
+    print(f"reset, new process     {summary(cold)}   (translation read from the disk cache)")
+    print(f"reset                  {summary(ours_reset)}")
+    print(f"step                   {summary(ours_step)}")
+    print(f"{'':22s} {'raw: TextWorld PddlEnv + AlfredDemangler + AlfredInfos':>52s}")
+    print(f"reset (load + reset)   {summary(raw_reset)}")
+    print(f"step                   {summary(raw_step)}")
+    print()
+    r_reset = statistics.fmean(ours_reset) / statistics.fmean(raw_reset)
+    r_cold = statistics.fmean(cold) / statistics.fmean(raw_reset)
+    r_first = statistics.fmean(first) / statistics.fmean(raw_reset)
+    r_step = statistics.fmean(ours_step) / statistics.fmean(raw_step)
+    print(f"ratio ours/raw: reset {r_reset:.4f} (new process {r_cold:.3f}, 1st use {r_first:.2f}), step {r_step:.4f} "
+          f"-> per-step overhead {100 * (r_step - 1):+.1f}% (goal: <= +10%), speed-up x{1 / r_step:.0f}")
+    print(f"observation/admissible mismatches along the replay: {mismatches}")
+
+    if real is not None and not args.no_alfredtwenv:
+        from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
+
+        _, index, game_file, actions = plans[-1]
+        data_path = str(SHARED_GAME_ROOT / "json_2.1.1" / "train")
+        config = {
+            "env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6], "domain_randomization": False, "expert_type": "handcoded"},
+            "dataset": {"data_path": data_path, "eval_id_data_path": data_path, "eval_ood_data_path": data_path, "num_train_games": -1, "num_eval_games": -1},
+            "logic": {"domain": "", "grammar": ""},
+            "general": {"training_method": "dqn"},
+            "rl": {"training": {"max_nb_steps_per_episode": 100}},
+        }
+        tw_env = AlfredTWEnv(config, train_eval="train").init_env(batch_size=1)
+        resets, steps = [], []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            tw_env.reset()
+            resets.append(time.perf_counter() - t0)
+            for command in actions:
+                t0 = time.perf_counter()
+                tw_env.step([command])
+                steps.append(time.perf_counter() - t0)
+        tw_env.close()
+        ours_real_steps = []
+        real.reset(seed=index)
+        for command in actions:
+            t0 = time.perf_counter()
+            real.step(command)
+            ours_real_steps.append(time.perf_counter() - t0)
+        print()
+        print("alfworld AlfredTWEnv (gym, batch 1, worker process) on the real game, same commands:")
+        print(f"reset                  {summary(resets)}")
+        print(f"step                   {summary(steps)}")
+        print(f"ours on that game: step {summary(ours_real_steps)}")
+        print(f"ratio ours/AlfredTWEnv: step {statistics.fmean(ours_real_steps) / statistics.fmean(steps):.4f}")
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""ALFWorld: household tasks in text, on the real alfworld/TextWorld PDDL engine (all six task types).
+
+Gymnasium ids `agentgym/ALFWorld-{Pick,Look,Clean,Heat,Cool,PickTwo,All}-v0`; keyword options (see
+`env.AlfWorldEnv`): `split` (train, valid_seen, valid_unseen), `source` (`embedded`: a generated panel
+over ALFRED's rooms, the default; `alfworld`: ALFWorld's json_2.1.1 games from `data_dir` or
+`$ALFWORLD_DATA`), `room` (`full` or `small`), `panel_size`, `panel_seed`, `reward_scale`,
+`admissible_in_observation`, `max_turns`, `allow_bare_action`.
+
+This module stays light: registering imports nothing heavy; the engine loads when an env is made.
+"""
+
+from __future__ import annotations
+
+from environments.alfworld.expert import TASK_TYPES  # a light module (no engine imports)
+
+__all__ = ["register", "IDS"]
+
+# id part -> (subset, ALFWorld task types)
+IDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "Pick": ("pick", ("pick_and_place_simple",)),
+    "Look": ("look", ("look_at_obj_in_light",)),
+    "Clean": ("clean", ("pick_clean_then_place_in_recep",)),
+    "Heat": ("heat", ("pick_heat_then_place_in_recep",)),
+    "Cool": ("cool", ("pick_cool_then_place_in_recep",)),
+    "PickTwo": ("picktwo", ("pick_two_obj_and_place",)),
+    "All": ("all", TASK_TYPES),
+}
+SPLITS = ("train", "valid_seen", "valid_unseen")
+_DEFAULT_SIZES = {"train": 20, "valid_seen": 10, "valid_unseen": 10}
+
+
+def _sizes(task_types: tuple[str, ...]):
+    """Games in the default embedded panel (known without generating it: every type gets its quota)."""
+
+    def size(split: str) -> int:
+        return _DEFAULT_SIZES[split] * len(task_types)
+
+    return size
+
+
+def register() -> None:
+    """Register the ALFWorld ids (the `agentgym_opsd.envs` entry point)."""
+    from agentgym_opsd.registry import register_env
+
+    for name, (subset, task_types) in IDS.items():
+        what = "all six task types" if subset == "all" else task_types[0]
+        register_env(
+            f"agentgym/ALFWorld-{name}-v0",
+            "environments.alfworld.env:AlfWorldEnv",
+            family="ALFWorld",
+            subset=subset,
+            splits=SPLITS,
+            description=f"ALFWorld household tasks ({what}) on the TextWorld PDDL engine; embedded panel or json_2.1.1",
+            kwargs={"task_types": task_types},
+            sizes=_sizes(task_types),
+        )

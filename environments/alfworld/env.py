@@ -1,0 +1,283 @@
+"""`AlfWorldEnv`: ALFWorld's household tasks as a TextEnv, on the real TextWorld PDDL engine.
+
+The agent reads ALFWorld's observations (the intro with the room and "Your task is to: ...", then the
+engine's feedback) and answers each turn with `<think>...</think><action>command</action>` (a bare
+command line is accepted too, unless `allow_bare_action=False`). A malformed turn or a command the
+engine does not admit gives ALFWorld's "Nothing happens." and leaves the state unchanged. The episode
+ends with reward `reward_scale` when the task is solved, or is truncated after `max_turns` (50) turns.
+
+Data (`source=`): `embedded` (default) plays the generated panel (see `panel.py`), built on first use;
+`alfworld` plays ALFWorld's own `json_2.1.1` games from `data_dir=` or `$ALFWORLD_DATA`.
+
+Privileged, for the trainer and reports: `expert_action()` (the planner expert's next command),
+`hindsight()` (goal, task type, the expert's plan from the current state and from the start, success),
+`state_key()` (a hash of the engine's current facts).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentgym_opsd.core import EnvUnavailable, Hindsight, TextEnv, Transition, hash_state
+from agentgym_opsd.parsing import ParsedAction
+from environments.alfworld.data import GameEntry, discover_games, read_traj_data, resolve_data_root
+from environments.alfworld.engine import NOTHING_HAPPENS, AlfredEngine, GameFileError, compile_game
+from environments.alfworld.expert import TASK_TYPES, ExpertError, TaskSpec, World, plan
+from environments.alfworld.panel import SPLITS, PanelSpec, ensure_panel
+
+__all__ = ["AlfWorldEnv", "SUBSETS", "SUBSET_OF_TYPE", "INSTRUCTIONS"]
+
+# subset name (gym id part, StepInfo.task_type) -> ALFWorld task type
+SUBSETS: dict[str, str] = {
+    "pick": "pick_and_place_simple",
+    "look": "look_at_obj_in_light",
+    "clean": "pick_clean_then_place_in_recep",
+    "heat": "pick_heat_then_place_in_recep",
+    "cool": "pick_cool_then_place_in_recep",
+    "picktwo": "pick_two_obj_and_place",
+}
+SUBSET_OF_TYPE = {v: k for k, v in SUBSETS.items()}
+
+INSTRUCTIONS = """You are an agent in a household, played through ALFWorld's text interface. The first observation describes the room and ends with your task ("Your task is to: ..."). Each turn you send one command and read what happens.
+
+Commands:
+  look                              look around your current location
+  inventory                         check what you are carrying
+  go to (receptacle)                move to a receptacle, e.g. go to countertop 1
+  open (receptacle) / close (receptacle)
+  take (object) from (receptacle)   pick an object up (you can carry one object)
+  move (object) to (receptacle)     put the object you carry in or on a receptacle
+  examine (something)               look at a receptacle or an object
+  use (object)                      turn a lamp on or off
+  heat (object) with (receptacle)   heat what you carry with a microwave
+  clean (object) with (receptacle)  clean what you carry in a sink basin
+  cool (object) with (receptacle)   cool what you carry with a fridge
+Name objects and receptacles exactly as the observations do ("apple 1", "cabinet 3"). A command that cannot be done right now gives "Nothing happens."
+
+Answer every turn with your reasoning inside <think>...</think>, then exactly one command inside <action>...</action>, for example:
+<think>Apples are often in the fridge.</think><action>go to fridge 1</action>
+You have {max_turns} turns."""
+
+_WS = re.compile(r"\s+")
+_TASK_LINE = re.compile(r"Your task is to: (.*)")
+_START_PLANS: dict[str, list[str] | None] = {}
+
+
+def _as_task_types(task_types: str | Sequence[str] | None) -> tuple[str, ...]:
+    if task_types is None or task_types == "all":
+        return TASK_TYPES
+    items = [task_types] if isinstance(task_types, str) else list(task_types)
+    out = []
+    for item in items:
+        name = SUBSETS.get(str(item).lower(), str(item))
+        if name not in TASK_TYPES:
+            raise ValueError(f"unknown ALFWorld task type {item!r}: use {', '.join(SUBSETS)} or the full names")
+        out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
+class AlfWorldEnv(TextEnv):
+    """ALFWorld on the real engine; one game per episode, chosen by the seed.
+
+    Args:
+        task_types: the task types to play (`pick`, `look`, `clean`, `heat`, `cool`, `picktwo`, or ALFWorld's
+            full names); None or "all" for all six.
+        split: `train`, `valid_seen` or `valid_unseen`.
+        source: `embedded` (the generated panel) or `alfworld` (ALFWorld's json_2.1.1 games).
+        data_dir: the folder holding json_2.1.1/ for `source="alfworld"` (default `$ALFWORLD_DATA`);
+            giving it implies `source="alfworld"`.
+        panel_seed, room, panel_size: which embedded panel (see `panel.PanelSpec`): `room="small"` gives
+            rooms of at most 6 receptacles (short episodes for fast RL); `panel_size` is games per type,
+            one number or a dict per split (default 20 train, 10 valid_seen, 10 valid_unseen).
+        cache_dir: where panels and engine translations are cached (default `$AGENTGYM_OPSD_CACHE/alfworld` or
+            `~/.cache/agentgym-opsd/alfworld`).
+        reward_scale: the reward for solving the task.
+        admissible_in_observation: append the admissible commands to every observation.
+        normalize_commands: match commands case- and whitespace-insensitively ("Go to  Desk 1").
+        max_turns, allow_bare_action, render_mode: see `TextEnv`.
+    """
+
+    action_tags = ("action",)
+    allow_bare_action = True
+    max_turns = 50
+    invalid_observation = NOTHING_HAPPENS
+
+    def __init__(
+        self,
+        task_types: str | Sequence[str] | None = None,
+        *,
+        split: str = "train",
+        source: str | None = None,
+        data_dir: str | None = None,
+        panel_seed: int = 0,
+        room: str = "full",
+        panel_size: int | dict[str, int] | None = None,
+        cache_dir: str | None = None,
+        reward_scale: float = 1.0,
+        admissible_in_observation: bool = False,
+        normalize_commands: bool = True,
+        progress: bool = True,
+        max_turns: int | None = None,
+        allow_bare_action: bool | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(max_turns=max_turns, allow_bare_action=allow_bare_action, render_mode=render_mode)
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r}: use one of {', '.join(SPLITS)}")
+        self.task_types = _as_task_types(task_types)
+        self.split = split
+        if source is None:
+            source = "alfworld" if data_dir is not None else "embedded"
+        if source not in ("embedded", "alfworld"):
+            raise ValueError(f"source={source!r}: use 'embedded' (generated panel) or 'alfworld' (json_2.1.1 games)")
+        if source == "embedded" and data_dir is not None:
+            raise ValueError("data_dir is read with source='alfworld'; the embedded panel lives in cache_dir")
+        self.source = source
+        self.cache_dir = cache_dir
+        self.reward_scale = float(reward_scale)
+        self.admissible_in_observation = bool(admissible_in_observation)
+        self.normalize_commands = bool(normalize_commands)
+        self.instructions = INSTRUCTIONS.format(max_turns=self.max_turns)
+        if source == "embedded":
+            self.panel = PanelSpec.make(panel_seed, room, panel_size)
+            self.data_root = ensure_panel(self.panel, cache_dir, splits=(split,), progress=progress) / "json_2.1.1"
+        else:
+            self.panel = None
+            self.data_root = resolve_data_root(data_dir)
+        wanted = set(self.task_types)
+        self.games: tuple[GameEntry, ...] = tuple(e for e in discover_games(self.data_root, split) if e.task_type in wanted)
+        if not self.games:
+            where = f"the {source} data at {self.data_root}"
+            raise EnvUnavailable(f"ALFWorld: no playable {'/'.join(self.task_types)} games in {where} (split {split})")
+        self._index = {e.task_id: i for i, e in enumerate(self.games)}
+        self.engine = AlfredEngine()
+        self.entry: GameEntry | None = None
+        self.task_spec: TaskSpec | None = None
+        self.goal = ""
+        self._plans: dict[str, list[str] | None] = {}
+
+    # -- TextEnv -----------------------------------------------------------------------------------
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.games)
+
+    def task_index(self, task_id: str) -> int:
+        try:
+            return self._index[task_id]
+        except KeyError:
+            raise KeyError(f"no ALFWorld game {task_id!r} in {self.data_root} ({self.split})") from None
+
+    def _load_task(self, index: int, options: dict[str, Any]) -> str:
+        entry = self.games[index]
+        try:
+            game = compile_game(entry.game_file, cache_dir=self.cache_dir)
+        except GameFileError as e:
+            raise EnvUnavailable(f"ALFWorld game {entry.task_id}: {e}") from None
+        traj = read_traj_data(entry.folder) or {}
+        try:
+            self.task_spec = TaskSpec.from_pddl_params(entry.task_type, traj.get("pddl_params") or {})
+        except ExpertError:
+            self.task_spec = None  # the game plays; only the expert and its hindsight plan are unavailable
+        self.entry = entry
+        self.task_id = entry.task_id
+        self.task_type = SUBSET_OF_TYPE[entry.task_type]
+        self.engine.load(game)
+        intro = self.engine.reset()
+        match = _TASK_LINE.search(intro)
+        self.goal = match.group(1).strip() if match else ""
+        self._plans = {}
+        if game.key not in _START_PLANS:
+            _START_PLANS[game.key] = self._expert_plan()
+        return self._observe(intro)
+
+    def _apply(self, action: ParsedAction) -> Transition:
+        command = self._command(action.content or "")
+        if not self.engine.command_for(command):
+            return Transition(self._observe(NOTHING_HAPPENS), 0.0, False, admissible=False, info={"won": False})
+        feedback = self.engine.step(command)
+        won = self.engine.won
+        return Transition(
+            self._observe(feedback),
+            self.reward_scale if won else 0.0,
+            bool(won),
+            admissible=True,
+            info={"won": bool(won)},
+        )
+
+    def _invalid(self, parsed: ParsedAction) -> str:
+        return self._observe(NOTHING_HAPPENS)
+
+    def state_key(self) -> str:
+        game_key, fluents = self.engine.state_key_parts()
+        return hash_state("alfworld", game_key, fluents)
+
+    def admissible_actions(self) -> list[str] | None:
+        return list(self.engine.admissible_commands)
+
+    def expert_action(self) -> str | None:
+        commands = self._expert_plan()
+        if not commands:
+            return None
+        return self.format_action(commands[0])
+
+    def hindsight(self) -> Hindsight:
+        won = bool(self.engine.won)
+        game = self.engine.game
+        remaining = self._expert_plan()
+        from_start = _START_PLANS.get(game.key) if game is not None else None
+        lines = [f"Goal: {self.goal}", f"Task type: {self.entry.task_type if self.entry else ''}"]
+        if from_start:
+            lines.append("Expert plan from the start: " + "; ".join(from_start))
+        if won:
+            lines.append("The task was solved.")
+        elif remaining:
+            lines.append("Expert plan from the current state: " + "; ".join(remaining))
+        details = {
+            "goal": self.goal,
+            "task_type": self.entry.task_type if self.entry else "",
+            "pddl_params": dict(self.task_spec.__dict__) if self.task_spec else None,
+            "expert_plan": remaining,
+            "expert_plan_from_start": from_start,
+            "walkthrough": game.walkthrough if game is not None else None,
+            "moves": self.engine.moves,
+            "won": won,
+        }
+        return Hindsight(won, 1.0 if won else 0.0, "\n".join(lines), details)
+
+    def close(self) -> None:
+        self.engine.close()
+        super().close()
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _command(self, text: str) -> str:
+        if self.normalize_commands:
+            return _WS.sub(" ", text).strip().lower()
+        return text
+
+    def _observe(self, text: str) -> str:
+        if not self.admissible_in_observation:
+            return text
+        return f"{text}\n\nAdmissible actions: " + ", ".join(self.engine.admissible_commands)
+
+    def _expert_plan(self) -> list[str] | None:
+        """The planner expert's commands from the current state (cached per state), None if it has none."""
+        if self.task_spec is None or self.engine.game is None or self.engine.facts is None:
+            return None
+        key = self.state_key()
+        if key not in self._plans:
+            try:
+                world = World.from_facts(self.engine.facts.facts, self.engine.game.names)
+                self._plans[key] = plan(world, self.task_spec)
+            except ExpertError:
+                self._plans[key] = None
+        commands = self._plans[key]
+        return list(commands) if commands is not None else None
+
+    @property
+    def game_file(self) -> Path | None:
+        return self.entry.game_file if self.entry else None

@@ -1,0 +1,1 @@
+"""CPU-test stand-in (see ../../README.md)."""

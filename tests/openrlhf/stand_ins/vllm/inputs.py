@@ -1,0 +1,5 @@
+"""CPU-test stand-in (see ../README.md)."""
+
+
+class TokensPrompt(dict):
+    pass

@@ -1,0 +1,76 @@
+"""Token bookkeeping on the real Qwen3 tokenizer: chat framing and char-to-token maps of generated ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.openrlhf.tokens import ChatFraming, generated_char_offsets, token_range
+
+
+def test_framing_reproduces_the_chat_template_turn_by_turn(qwen3_tokenizer):
+    tok = qwen3_tokenizer
+    framing = ChatFraming.for_tokenizer(tok)
+    messages = [{"role": "system", "content": "Rules."}, {"role": "user", "content": "You see a desk."}]
+    prompt = framing.prompt_ids(messages)
+    turn = "<action>go to desk 1</action>"
+    generated = tok(turn, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    text, offsets, closed = framing.split_response(generated)
+    assert (text, closed) == (turn, True)
+    sequence = prompt + generated + framing.feedback_ids("On the desk: a pen.", closed)
+    full_chat = messages + [{"role": "assistant", "content": turn}, {"role": "user", "content": "On the desk: a pen."}]
+    expected = tok.apply_chat_template(full_chat, tokenize=False, add_generation_prompt=True)
+    assert tok.decode(sequence) == expected
+    # A turn cut by the length limit has no end-of-turn token: the feedback supplies it.
+    cut = tok("<action>go to", add_special_tokens=False)["input_ids"]
+    text, _, closed = framing.split_response(cut)
+    assert not closed
+    assert framing.feedback_text("x", closed).startswith("<|im_end|>")
+    assert not framing.feedback_text("x", True).startswith("<|im_end|>")
+
+
+def test_char_offsets_of_generated_ids_with_multibyte_text(qwen3_tokenizer):
+    tok = qwen3_tokenizer
+    text = "思考: é🙂 <action>put 苹果 in 冰箱 1</action> done"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    decoded, offsets = generated_char_offsets(tok, ids)
+    assert decoded == text
+    assert len(offsets) == len(ids)
+    # Some byte-level token holds part of a character (the emoji is 4 bytes).
+    pieces = [tok.decode([i]) for i in ids]
+    assert any("\ufffd" in p for p in pieces)
+    # Every character is covered, in order, by exactly the tokens whose bytes encode it.
+    assert offsets[0][0] == 0 and offsets[-1][1] == len(text)
+    for (s0, e0), (s1, _) in zip(offsets, offsets[1:]):
+        assert s1 == e0 and e0 >= s0
+    start = text.index("<action>")
+    end = text.index("</action>") + len("</action>")
+    first, last = token_range(offsets, (start, end))
+    assert tok.decode(ids[first:last]).strip() == text[start:end]
+    assert first > 0 and last < len(ids)
+
+
+def test_action_tag_split_across_tokens(qwen3_tokenizer):
+    tok = qwen3_tokenizer
+    text = "ok<action>look</action>."
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    _, offsets = generated_char_offsets(tok, ids)
+    span = (text.index("<action>"), text.index(".") )
+    first, last = token_range(offsets, span)
+    covered = tok.decode(ids[first:last])
+    assert "<action>look</action>" in covered
+    # The tokens cover the span and no more than the tokens it touches.
+    assert offsets[first][0] <= span[0] < offsets[first][1]
+    assert offsets[last - 1][0] < span[1] <= offsets[last - 1][1]
+
+
+@pytest.mark.parametrize("span", [None, (3, 3), (5, 2)])
+def test_token_range_of_an_empty_or_missing_span_is_none(span):
+    assert token_range([(0, 2), (2, 4), (4, 9)], span) is None
+
+
+def test_framing_needs_a_chat_template(qwen3_tokenizer):
+    class NoTemplate:
+        chat_template = None
+
+    with pytest.raises(ValueError, match="chat template"):
+        ChatFraming.for_tokenizer(NoTemplate())
