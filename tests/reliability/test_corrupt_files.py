@@ -4,7 +4,7 @@ Each loader reads a small slice of a real file (../shared/data, or episodes this
 then truncates it, overwrites or deletes bytes, or inserts hazards (invalid UTF-8, NUL, JSON nested
 past Python's recursion limit, integers past its digit limit) at a random place. The loader must
 either read the file (a cut at a record boundary is still a valid file) or raise its documented error
-(`DataFileError`, or `CatalogError` for WebShop) naming the file and a line (`path:N`, `line N`) or a
+(`DataFileError`; `CatalogError` for WebShop, `GameFileError` for ALFWorld games) naming the file and a line (`path:N`, `line N`) or a
 record (`record N`), never another exception.
 """
 
@@ -104,6 +104,12 @@ def _webshop_items(path: Path):
     return Catalog.from_files(path)
 
 
+def _alfworld_game(path: Path):
+    from environments.alfworld.engine import read_game_file
+
+    return read_game_file(path)
+
+
 LOADERS: dict[str, tuple[str, Callable[[Path], object]]] = {
     # name: (file name, loader); the file's clean content comes from `clean_files`.
     "searchqa-nq": ("nq.jsonl", _load_questions),
@@ -114,6 +120,7 @@ LOADERS: dict[str, tuple[str, Callable[[Path], object]]] = {
     "corpus": ("corpus.jsonl", _load_corpus),
     "webshop-items": ("items_shuffle_10.json", _webshop_items),
     "webshop-documents": ("products_10_documents.jsonl", _webshop_items),
+    "alfworld-game": ("game.tw-pddl", _alfworld_game),
     "episodes": ("episodes.jsonl", _load_episodes),
     "jsonl": ("episodes.jsonl", _load_jsonl),
 }
@@ -135,6 +142,7 @@ def clean_files(shared_data, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         "items_shuffle_10.json": json.dumps(items, indent=1).encode(),
         "products_10_documents.jsonl": _first_lines(webshop / "products_100_documents.jsonl", 10),
         "episodes.jsonl": _episodes_jsonl(),
+        "game.tw-pddl": next((shared_data("alfworld") / "json_2.1.1").rglob("game.tw-pddl")).read_bytes(),
     }
     folder = tmp_path_factory.mktemp("clean")
     for name, data in contents.items():
@@ -143,9 +151,10 @@ def clean_files(shared_data, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    from environments.alfworld.engine import GameFileError
     from environments.webshop.catalog import CatalogError
 
-    return (DataFileError, CatalogError)
+    return (DataFileError, CatalogError, GameFileError)
 
 
 @pytest.mark.parametrize("loader", list(LOADERS))
