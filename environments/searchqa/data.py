@@ -174,7 +174,7 @@ def _example(record: Any, fmt: str, index: int, dataset: str | None, where: str)
         if "supporting_facts" in meta and "context" in meta:
             kwargs["supporting"] = _supporting(meta, where)
     elif fmt == "nq_open":
-        answers = _strings(record["answer"], where, "answer")
+        answers = _strings(record.get("answer"), where, "answer")
     elif fmt == "triviaqa":
         answer = record.get("answer")
         if isinstance(answer, dict):
@@ -182,7 +182,7 @@ def _example(record: Any, fmt: str, index: int, dataset: str | None, where: str)
         else:
             answers = _strings([answer] + list(record.get("aliases") or []) if isinstance(answer, str) else record.get("aliases"), where, "aliases")
     else:  # hotpotqa
-        answers = _strings(record["answer"], where, "answer")
+        answers = _strings(record.get("answer"), where, "answer")
         kwargs["question_type"] = str(record.get("type") or "factoid")
         if record.get("level"):
             kwargs["level"] = str(record["level"])

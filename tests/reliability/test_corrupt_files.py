@@ -5,7 +5,8 @@ then truncates it, overwrites or deletes bytes, or inserts hazards (invalid UTF-
 past Python's recursion limit, integers past its digit limit) at a random place. The loader must
 either read the file (a cut at a record boundary is still a valid file) or raise its documented error
 (`DataFileError`; `CatalogError` for WebShop, `GameFileError` for ALFWorld games) naming the file and a line (`path:N`, `line N`) or a
-record (`record N`), never another exception.
+record (`record N`), or, for a config whose syntax is fine but a value is wrong, the section, never
+another exception.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 PLACE = re.compile(r":\d+\b|\bline \d+|\brecord \d+")
-WHOLE_FILE = re.compile(r": (catalog \S+: )?(no questions in the file|no products)$")  # errors about no line in particular
+WHOLE_FILE = re.compile(r": (catalog \S+: )?(no questions in the file|no products|expected a mapping with sections rollout, credit, teacher)$")  # errors about no line in particular
+CONFIG_KEY = re.compile(r"^: (rollout|credit|teacher|unknown section)")  # a config value error names its section
 
 HAZARDS = [b"\xff\xfe", b"\xc3", b"\x00", b"[" * 20_000, b"9" * 5000, b'{"', b"}", b'"', b"\n", b",", b"\\"]
 
@@ -110,6 +112,27 @@ def _alfworld_game(path: Path):
     return read_game_file(path)
 
 
+def _bridge_config(path: Path):
+    from trainer.openrlhf.config import BridgeConfig
+
+    return BridgeConfig.load(path)
+
+
+BRIDGE_YAML = b"""# an OpenRLHF bridge config
+rollout:
+  turn_max_tokens: 512
+  max_turns: 50
+  chat_template_kwargs: {enable_thinking: false}
+credit:
+  method: stepopsd
+  preset: default
+  lam_mix: 0.2
+teacher:
+  max_len: 8192
+  micro_batch_size: 4
+"""
+
+
 LOADERS: dict[str, tuple[str, Callable[[Path], object]]] = {
     # name: (file name, loader); the file's clean content comes from `clean_files`.
     "searchqa-nq": ("nq.jsonl", _load_questions),
@@ -121,6 +144,7 @@ LOADERS: dict[str, tuple[str, Callable[[Path], object]]] = {
     "webshop-items": ("items_shuffle_10.json", _webshop_items),
     "webshop-documents": ("products_10_documents.jsonl", _webshop_items),
     "alfworld-game": ("game.tw-pddl", _alfworld_game),
+    "openrlhf-bridge-config": ("bridge.yaml", _bridge_config),
     "episodes": ("episodes.jsonl", _load_episodes),
     "jsonl": ("episodes.jsonl", _load_jsonl),
 }
@@ -142,6 +166,7 @@ def clean_files(shared_data, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         "items_shuffle_10.json": json.dumps(items, indent=1).encode(),
         "products_10_documents.jsonl": _first_lines(webshop / "products_100_documents.jsonl", 10),
         "episodes.jsonl": _episodes_jsonl(),
+        "bridge.yaml": BRIDGE_YAML,
         "game.tw-pddl": next((shared_data("alfworld") / "json_2.1.1").rglob("game.tw-pddl")).read_bytes(),
     }
     folder = tmp_path_factory.mktemp("clean")
@@ -153,8 +178,9 @@ def clean_files(shared_data, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from environments.alfworld.engine import GameFileError
     from environments.webshop.catalog import CatalogError
+    from trainer.openrlhf.config import ConfigError
 
-    return (DataFileError, CatalogError, GameFileError)
+    return (DataFileError, CatalogError, GameFileError, ConfigError)
 
 
 @pytest.mark.parametrize("loader", list(LOADERS))
@@ -185,4 +211,4 @@ def test_a_corrupt_file_gives_an_error_naming_the_file_and_the_line(clean_files,
             message = str(e)
             assert str(path) in message, message[:300]
             rest = message.split(str(path), 1)[1]
-            assert PLACE.search(rest) or WHOLE_FILE.search(rest), f"no line or record in: {message[:300]}"
+            assert PLACE.search(rest) or WHOLE_FILE.search(rest) or CONFIG_KEY.search(rest), f"no line or record in: {message[:300]}"
