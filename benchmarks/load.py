@@ -103,6 +103,7 @@ class LoadResult:
     rss_end_mb: float | None = None
     rss_min_mb: float | None = None
     rss_max_mb: float | None = None
+    rss_samples: list[float] = field(default_factory=list)
 
     def summary(self) -> str:
         line = (
@@ -239,8 +240,9 @@ def run_server_load(
     result.max_ms = 1000 * max(latencies, default=float("nan"))
     if server_pid:
         result.rss_start_mb, result.rss_end_mb = rss_start, rss_mb(server_pid)
-        samples = (sampler.samples if sampler else []) + [result.rss_end_mb]
+        samples = [rss_start] + (sampler.samples if sampler else []) + [result.rss_end_mb]
         result.rss_min_mb, result.rss_max_mb = min(samples), max(samples)
+        result.rss_samples = samples
     return result
 
 
@@ -376,12 +378,14 @@ def server_figures(args: argparse.Namespace) -> None:
             expected = expected_answers(server.url, queries)
             print(f"server: {len(records)} passages, {len(expected)} distinct queries, pid {pid}, {os.cpu_count()} cores "
                   f"(clients and server share them)")  # fmt: skip
-            warm = run_server_load(server.url, expected, clients=args.clients, seconds=args.warmup, processes=args.processes)
-            print(f"warm-up     {warm.summary()}")
+            # Slow clients open before the warm-up: the memory their large answers take (a JVM heap that
+            # grows once and stays) is in the starting figure, so the measured run shows growth, not size.
             slow = SlowClients(server.url) if args.slow_clients else None
             if slow:
                 slow.__enter__()
             try:
+                warm = run_server_load(server.url, expected, clients=args.clients, seconds=args.warmup, processes=args.processes)
+                print(f"warm-up     {warm.summary()}")
                 result = run_server_load(server.url, expected, clients=args.clients, seconds=args.seconds,
                                          processes=args.processes, server_pid=pid)  # fmt: skip
                 if slow:
@@ -397,6 +401,8 @@ def server_figures(args: argparse.Namespace) -> None:
                 ok = sum(a.startswith(b"HTTP/1.1 200") for a in slow.dribbler_answers)
                 print(f"slow clients: {slow.counts[0]} stalled connections, {slow.counts[1]} byte-by-byte senders "
                       f"({ok} answered 200), {slow.counts[2]} clients never reading their answers")  # fmt: skip
+            quarters = [result.rss_samples[min(len(result.rss_samples) - 1, q * len(result.rss_samples) // 4)] for q in range(5)]
+            print("server RSS at 0/25/50/75/100% of the load: " + " / ".join(f"{x:.0f}" for x in quarters) + " MiB")
             growth = result.rss_end_mb - result.rss_start_mb  # type: ignore[operator]
             print(f"memory: RSS grew {growth:+.0f} MiB over {args.seconds:.0f} s of load ({100 * growth / result.rss_start_mb:+.1f}%)")  # type: ignore[operator]
             if args.out:
