@@ -61,8 +61,9 @@ def envs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     def get(env_id: str):
         if env_id not in made:
             options: dict = {}
-            if env_id.startswith("agentgym/SearchQA"):
-                options = request.getfixturevalue("contract_options_searchqa")(env_id)
+            if env_id == "agentgym/SearchQA-NQ-v0":  # real NQ questions against the session's server
+                data_file = request.getfixturevalue("shared_data")("qa", "nq_open_dev_part1.jsonl")
+                options = {"data_file": str(data_file), "server_url": request.getfixturevalue("retrieval_server").url}
             elif env_id == "agentgym/WebShop-v0":
                 options = {"index_dir": str(tmp_path_factory.mktemp("webshop-fuzz") / "index")}
             elif env_id.startswith("agentgym/ALFWorld"):
