@@ -131,7 +131,7 @@ def read_game_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = parse_json(raw, path)
     except DataFileError as e:  # names the file and the line
-        raise GameFileError(f"{e} (not a game.tw-pddl JSON file)") from None
+        raise GameFileError(str(e).replace(": invalid JSON: ", ": not a game.tw-pddl JSON file: ", 1)) from None
     if not isinstance(data, dict):
         raise GameFileError(f"{path}:1: a game file is a JSON object, got {type(data).__name__}")
     missing = [k for k in ("pddl_domain", "grammar", "pddl_problem") if not isinstance(data.get(k), str)]
