@@ -145,3 +145,33 @@ class _Touch:
 
     def __reduce__(self):
         return (Path.touch, (Path(self.path),))
+
+
+# ------------------------------------------------------------------------------------------------
+# Data paths from a config stay inside their root.
+
+
+def test_config_paths_are_not_followed_outside_their_root(tmp_path: Path) -> None:
+    from agentgym_opsd.paths import PathOutsideRoot, contain_path_options, contained_path
+
+    root = tmp_path / "data"
+    (root / "qa").mkdir(parents=True)
+    (root / "qa" / "nq.jsonl").write_text("{}\n")
+    outside = tmp_path / "secret.txt"
+    outside.write_text("secret")
+    (root / "link").symlink_to(outside)
+    (root / "qa" / "inner").symlink_to(root / "qa" / "nq.jsonl")
+
+    assert contained_path("qa/nq.jsonl", root) == (root / "qa" / "nq.jsonl").resolve()
+    assert contained_path(root / "qa", root) == (root / "qa").resolve()
+    assert contained_path("qa/../qa/nq.jsonl", root) == (root / "qa" / "nq.jsonl").resolve()
+    assert contained_path("qa/inner", root) == (root / "qa" / "nq.jsonl").resolve()  # a link that stays inside
+    assert contained_path(".", root) == root.resolve()
+    for escape in ("../secret.txt", str(outside), "link", "qa/../../secret.txt", "~/.ssh/id_rsa", "/etc/passwd"):
+        with pytest.raises(PathOutsideRoot, match=r"envs\[1\]\.options\.data_file: .*outside the data root"):
+            contain_path_options({"data_file": escape}, root, "bench.toml: envs[1].options")
+    # Only path-valued options are resolved; others (URLs, numbers, names) pass as they are.
+    options = contain_path_options({"data_file": "qa/nq.jsonl", "server_url": "http://127.0.0.1:8000", "topk": 3,
+                                    "catalog": "qa", "split": "../x"}, root, "cfg")  # fmt: skip
+    assert options == {"data_file": str((root / "qa" / "nq.jsonl").resolve()), "server_url": "http://127.0.0.1:8000",
+                       "topk": 3, "catalog": str((root / "qa").resolve()), "split": "../x"}  # fmt: skip
