@@ -12,6 +12,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "read_jsonl_numbered",
     "parse_json",
     "read_json_file",
+    "atomic_directory",
     "DataFileError",
 ]
 
@@ -120,6 +122,43 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             pass
         raise
     _fsync_dir(path.parent)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Fill a folder that appears whole or not at all: `with atomic_directory(out) as tmp: model.save_pretrained(tmp)`.
+
+    The body writes into a hidden temporary folder beside `path`; on success its files are fsynced
+    and it replaces `path` (an older `path` is renamed aside first and removed after). A crash leaves
+    the old folder (or, in the instant between the two renames, the old one under a hidden name
+    beside it and no `path`), never a half-written one; an exception removes the temporary folder.
+    """
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        for folder, _, files in os.walk(tmp):
+            for name in files:
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            _fsync_dir(Path(folder))
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{os.getpid()}"
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

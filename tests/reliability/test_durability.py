@@ -2,7 +2,8 @@
 
 Real child processes write real files (tens of MB, so the kill lands inside the write) and are killed
 with SIGKILL at several moments; the parent then reads what is on disk. A source scan checks that
-result and checkpoint writers go through agentgym_opsd.io (temp file, fsync, rename).
+result and checkpoint writers go through agentgym_opsd.io (temp file, fsync, rename; model folders
+through `atomic_directory`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,22 @@ WRITER = textwrap.dedent(
         body = version.to_bytes(8, "big") + os.urandom(size)
         print(f"start {version}", flush=True)
         atomic_write_bytes(path, body + hashlib.sha256(body).digest())
+        print(f"done {version}", flush=True)
+    """
+)
+
+FOLDER_WRITER = textwrap.dedent(
+    """
+    import hashlib, os, sys
+    from pathlib import Path
+    from agentgym_opsd.io import atomic_directory
+    path = sys.argv[1]
+    for version in range(1, 1000):
+        print(f"start {version}", flush=True)
+        with atomic_directory(path) as tmp:  # what save_pretrained does: several files in a folder
+            for part in range(4):
+                body = version.to_bytes(8, "big") + os.urandom(6 * 2**20)
+                (Path(tmp) / f"shard-{part}.bin").write_bytes(body + hashlib.sha256(body).digest())
         print(f"done {version}", flush=True)
     """
 )
@@ -104,6 +121,28 @@ def test_sigkill_during_an_atomic_write_leaves_the_previous_file_whole(tmp_path:
     assert target.read_bytes() == b"next"
 
 
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15])
+def test_sigkill_while_a_folder_is_saved_leaves_a_whole_previous_folder(tmp_path: Path, delay: float) -> None:
+    """A model folder saved through `atomic_directory` (4 files of 6 MB) is whole after a SIGKILL at
+    any moment: every file there, all of one version."""
+    target = tmp_path / "model"
+    writer = _start(FOLDER_WRITER, str(target))
+    try:
+        _read_until(writer, "done 1")
+        _read_until(writer, "start 2")
+        time.sleep(delay)
+        rest = _kill(writer)
+    finally:
+        writer.kill()
+    done = [int(v) for word, v in zip(rest, rest[1:]) if word == "done"] or [1]
+    folder = target
+    if not target.exists():  # killed between the two renames: the previous folder is aside, whole
+        (folder,) = tmp_path.glob(".model.old-*")
+    versions = {_verified_version(folder / f"shard-{part}.bin") for part in range(4)}
+    assert len(versions) == 1 and versions.pop() in (max(done), max(done) + 1)
+    assert sorted(p.name for p in folder.iterdir()) == [f"shard-{part}.bin" for part in range(4)]
+
+
 def test_sigkill_during_jsonl_appends_loses_no_finished_record(tmp_path: Path) -> None:
     """Kill a process appending 300 kB records: every record it reported written reads back in order;
     at most the record being written is torn, the strict reader names the torn line, and the next append
@@ -140,6 +179,7 @@ ALLOWED_DIRECT_WRITES = {
 }
 DIRECT_WRITE = re.compile(
     r"open\([^)]*['\"][wax]b?\+?['\"]|\.write_text\(|\.write_bytes\(|json\.dump\(|torch\.save\((?![^)]*buffer)|savefig\((?![^)]*buffer)|np\.save\(|\.tofile\("
+    r"|\.save_pretrained\((?!tmp\b)"  # a model folder: save into `with atomic_directory(out) as tmp:`
 )
 
 
