@@ -120,3 +120,28 @@ def test_request_size_limits_hold_for_every_way_of_sending_a_body(retrieval_serv
     status, _ = _raw_exchange(url, b"\x00\xff\xfe not http\r\n\r\n")
     assert status == 400
     assert requests.get(f"{url}/health", timeout=10).status_code == 200  # still serving
+
+
+def test_a_stalled_server_gives_a_clear_error_in_bounded_time_and_recovers(retrieval_server: RetrievalServer) -> None:
+    """The server process frozen (SIGSTOP: what a stuck JVM or a swapped-out machine looks like): the
+    client's read timeout ends the wait with an error saying so, and the next request after the
+    server resumes succeeds on the same client."""
+    import os
+    import signal
+    import time
+
+    from retrieval_index.client import RetrievalClient, RetrievalServerDown
+
+    client = RetrievalClient(retrieval_server.url, read_timeout=1.0, retries=1, backoff=0.05)
+    assert client.search("Paris", 1)
+    pid = retrieval_server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(RetrievalServerDown, match="no answer within 1 s"):
+            client.search("capital of France", 1)
+        assert time.perf_counter() - t0 < 5
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert [h.docid for h in client.search("capital of France", 2)]
+    assert requests.get(f"{retrieval_server.url}/health", timeout=10).status_code == 200
