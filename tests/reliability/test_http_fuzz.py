@@ -64,9 +64,6 @@ def _check(response: requests.Response, sent: bytes | None = None, method: str =
 
 @FUZZ
 @given(body=BODIES)
-@example(body=b"[" * 100_000 + b"]" * 100_000)  # nesting deeper than Python's recursion limit
-@example(body=b'{"queries": ["Paris"], "topk": ' + b"9" * 5000 + b"}")  # past int('...')'s digit limit
-@example(body=b'{"queries": [' + b"[" * 50_000 + b"]" * 50_000 + b"]}")
 @example(body=b'{"queries": ["\\udcff"]}')
 @example(body=b'{"queries": ["Paris"], "topk": 1e400}')
 @example(body=b'{"queries": ["Paris"], "topk": NaN}')
@@ -103,8 +100,10 @@ def test_the_server_still_answers_correctly_after_the_fuzzing(retrieval_server: 
     "body,reason",
     [
         (b"[" * 100_000 + b"]" * 100_000, "nested"),
+        (b'{"queries": [' + b"[" * 50_000 + b"]" * 50_000 + b"]}", "nested"),
         (b'{"queries": ["Paris"], "topk": ' + b"9" * 5000 + b"}", "not valid JSON"),
     ],
+    ids=["nested-past-the-recursion-limit", "nested-inside-queries", "integer-past-the-digit-limit"],
 )
 def test_pathological_json_is_a_400_with_a_reason(retrieval_server: RetrievalServer, body: bytes, reason: str) -> None:
     r = requests.post(f"{retrieval_server.url}/retrieve", data=body, timeout=60)

@@ -1,15 +1,14 @@
 """Security basics: servers listen on loopback unless told otherwise; nothing unpickles data files.
 
-The bind check reads the kernel's table of listening sockets (/proc/net/tcp{,6}) for the sockets the
-server process holds, so it checks where the real process listens, not what an argument says.
+The bind checks read the kernel's table of listening sockets (/proc/net/tcp{,6}) for the sockets the
+server process holds (conftest.py), so they check where the real process listens, not what an
+argument says.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -20,40 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def listening_addresses(pid: int) -> list[str]:
-    """The local addresses (IP) of the TCP sockets process `pid` listens on."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    out = []
-    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state != "0A" or inode not in inodes:  # 0A: LISTEN
-                continue
-            raw = bytes.fromhex(local.split(":")[0])
-            # /proc prints each 32-bit word in host (little-endian) order.
-            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-            out.append(str(ipaddress.ip_address(words)) if family == socket.AF_INET else str(ipaddress.IPv6Address(words)))
-    return out
-
-
-def _is_loopback(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    return ip.is_loopback or (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
-
-
-def test_the_retrieval_server_listens_on_loopback_by_default(wiki_index: Path, tmp_path: Path) -> None:
+def test_the_retrieval_server_listens_on_loopback_by_default(wiki_index: Path, tmp_path: Path, assert_listens_on_loopback_only) -> None:
     """`python -m retrieval_index.server` with no --host, as a user would start it."""
     port_file = tmp_path / "port"
     server = subprocess.Popen(
@@ -66,14 +32,13 @@ def test_the_retrieval_server_listens_on_loopback_by_default(wiki_index: Path, t
         while not port_file.exists() and time.monotonic() < deadline and server.poll() is None:
             time.sleep(0.05)
         assert port_file.exists(), server.stdout.read() if server.poll() is not None else "no port file"
-        addresses = listening_addresses(server.pid)
-        assert addresses and all(_is_loopback(a) for a in addresses), addresses
+        assert_listens_on_loopback_only(server.pid)
     finally:
         server.kill()
         server.wait(10)
 
 
-def test_server_helpers_and_commands_default_to_loopback(retrieval_server) -> None:
+def test_server_helpers_and_commands_default_to_loopback(retrieval_server, assert_listens_on_loopback_only) -> None:
     """The child-process helper the envs and tests use, the serve() function and the CLI's option."""
     import argparse
     import inspect
@@ -81,8 +46,7 @@ def test_server_helpers_and_commands_default_to_loopback(retrieval_server) -> No
     from retrieval_index import server as server_module
     from retrieval_index.process import RetrievalServer
 
-    addresses = listening_addresses(retrieval_server.process.pid)
-    assert addresses and all(_is_loopback(a) for a in addresses), addresses
+    assert_listens_on_loopback_only(retrieval_server.process.pid)
     assert inspect.signature(RetrievalServer).parameters["host"].default == "127.0.0.1"
     assert inspect.signature(server_module.serve).parameters["host"].default == "127.0.0.1"
     parser = argparse.ArgumentParser()
