@@ -11,6 +11,7 @@ policy), `openai:BASE_URL#MODEL` (an OpenAI-compatible endpoint such as a vLLM s
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -20,7 +21,7 @@ import numpy as np
 from agentgym_opsd.context import Message
 from agentgym_opsd.core import TextEnv
 
-__all__ = ["Agent", "RandomAgent", "ExpertAgent", "make_agent", "register_agent", "act_all", "AgentError"]
+__all__ = ["Agent", "RandomAgent", "ExpertAgent", "make_agent", "register_agent", "act_all", "AgentError", "episode_rng"]
 
 
 class AgentError(RuntimeError):
@@ -54,24 +55,43 @@ def act_all(
     return [agent.act(m, i, e) for m, i, e in zip(messages, infos, envs, strict=True)]
 
 
+def episode_rng(seed: int, info: dict[str, Any]) -> np.random.Generator:
+    """A generator for one turn of one episode, from `(seed, episode id, turn)`.
+
+    Agents that draw from it make the same choices for an episode however episodes are batched,
+    ordered, resumed or spread over processes."""
+    step = info.get("step")
+    if step is None:
+        return np.random.default_rng(seed)
+    digest = hashlib.blake2b(str(step.episode_id).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return np.random.default_rng([seed, int.from_bytes(digest, "little"), int(step.turn)])
+
+
 class RandomAgent:
-    """Picks uniformly among the admissible actions where the env knows them (else `env.random_action`)."""
+    """Picks uniformly among the admissible actions where the env knows them (else `env.random_action`).
+
+    Its draws come from `episode_rng(seed, info)`: an episode's turns depend on the seed and the
+    episode id, not on which other episodes ran before or beside it."""
 
     def __init__(self, seed: int = 0) -> None:
         self.name = "random"
-        self.rng = np.random.default_rng(seed)
+        self.seed = int(seed)
 
     def act(self, messages: list[Message], info: dict[str, Any], env: TextEnv) -> str:
+        rng = episode_rng(self.seed, info)
         actions = info["step"].admissible_actions if "step" in info else None
         if actions:
-            action = actions[int(self.rng.integers(len(actions)))]
+            action = actions[int(rng.integers(len(actions)))]
         else:
-            action = env.random_action(self.rng)
+            action = env.random_action(rng)
         return env.format_action(action)
 
 
 class ExpertAgent:
     """Follows the env's scripted expert (`env.expert_action()`), written in the env's format."""
+
+    # The env methods it calls before each turn: env workers compute them with each step.
+    env_prefetch = ("expert_action",)
 
     def __init__(self, seed: int = 0) -> None:
         self.name = "expert"
@@ -91,7 +111,7 @@ class ExpertAgent:
 # name prefix -> "module:factory"; factories take (spec after the prefix, seed)
 _AGENT_FACTORIES: dict[str, str] = {
     "hf": "agentgym_opsd.policy_agents:make_hf_agent",
-    "openai": "agentgym_opsd.policy_agents:make_openai_agent",
+    "openai": "agentgym_opsd.openai_agent:make_openai_agent",
 }
 
 

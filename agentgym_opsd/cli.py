@@ -34,6 +34,10 @@ COMMANDS: dict[str, str] = {
     "searchqa-data": "environments.searchqa.fetch:add_parser",
     "train-openrlhf": "trainer.openrlhf.cli:add_train_parser",
     "openrlhf-prompts": "trainer.openrlhf.cli:add_prompts_parser",
+    "bench": "agentgym_opsd.bench_commands:add_bench",
+    "report": "agentgym_opsd.bench_commands:add_report",
+    "serve-policy": "agentgym_opsd.bench_commands:add_serve_policy",
+    "demo": "agentgym_opsd.bench_commands:add_demo",
 }
 
 

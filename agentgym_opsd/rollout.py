@@ -3,7 +3,9 @@
 All live episodes advance in lock step: at each tick the agent gets every pending prompt in one
 `act_batch` call (a transformers policy samples them as one batch), then each env steps. A slot
 whose episode ends takes the next request. An env that raises is an errored episode (its reason
-is kept) and the slot gets a fresh env; the other episodes go on.
+is kept) and the slot gets a fresh env; the other episodes go on. With `workers=N` each env lives in
+its own process (`agentgym_opsd.workers`): envs step in parallel, and a crash, a kill or a step past
+the timeout costs one episode.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from tqdm.auto import tqdm
 
 from agentgym_opsd.agents import Agent, act_all
 from agentgym_opsd.context import ContextPolicy, HistoryItem
-from agentgym_opsd.core import TextEnv
 from agentgym_opsd.episode import Episode, Turn
+from agentgym_opsd.workers import EnvFailure, EnvHandle, LocalEnv, WorkerEnv
 
 __all__ = ["EpisodeRequest", "run_episodes", "play_episode"]
 
@@ -35,16 +37,12 @@ class EpisodeRequest:
 
 @dataclass
 class _Slot:
-    env: gym.Env
+    env: EnvHandle
     request: EpisodeRequest | None = None
     index: int = -1
     episode: Episode | None = None
     history: list[HistoryItem] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def _env_id(env: gym.Env) -> str:
-    return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
 
 
 def run_episodes(
@@ -56,6 +54,9 @@ def run_episodes(
     context: str | ContextPolicy = "full",
     progress: bool | str = True,
     on_episode: Callable[[Episode], None] | None = None,
+    workers: int = 0,
+    step_timeout: float | None = 60.0,
+    start_method: str | None = None,
 ) -> list[Episode]:
     """Play `requests` with `agent` on up to `num_envs` envs at once.
 
@@ -63,19 +64,36 @@ def run_episodes(
         make_env: builds one env (e.g. `lambda: agentgym_opsd.make(env_id, split="valid_seen")`).
         agent: the agent (see `agentgym_opsd.agents`).
         requests: the episodes to play.
-        num_envs: envs stepped together (the agent's batch size).
+        num_envs: envs stepped together (the agent's batch size) when `workers` is 0.
         context: `full` or `window:k`.
         progress: show a progress bar (a string is its label).
         on_episode: called with each episode as it finishes (to stream it to disk).
+        workers: 0 plays the envs in this process. N > 0 plays each env in its own worker process
+            (`agentgym_opsd.workers`), N of them, stepped in parallel; N is then the number of envs
+            stepped together (it replaces `num_envs`). A worker that crashes, is killed, or runs
+            past `step_timeout` costs only its episode (errored, with the reason) and is restarted.
+        step_timeout: seconds one reset, step or env call may take in a worker (None: no limit).
+        start_method: how workers start (`agentgym_opsd.workers.default_start_method`: the fork
+            server when `make_env` pickles, e.g. `agentgym_opsd.workers.EnvFactory`, else fork).
 
     Returns:
         The episodes, in the order of `requests`.
     """
     policy = ContextPolicy.parse(context)
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
     results: list[Episode | None] = [None] * len(requests)
     queue = list(enumerate(requests))
     queue.reverse()
-    slots = [_Slot(make_env()) for _ in range(max(1, min(num_envs, len(requests))))]
+    count = max(1, min(workers or num_envs, len(requests)))
+    if workers:
+        prefetch = tuple(getattr(agent, "env_prefetch", ()))  # what a scripted agent reads before each turn
+        slots = [
+            _Slot(WorkerEnv(make_env, step_timeout=step_timeout, start_method=start_method, prefetch=prefetch))
+            for _ in range(count)
+        ]
+    else:
+        slots = [_Slot(LocalEnv(make_env)) for _ in range(count)]
     label = progress if isinstance(progress, str) else getattr(agent, "name", "agent")
     bar = tqdm(total=len(requests), desc=label, unit="ep", disable=not progress, leave=False)
 
@@ -88,50 +106,62 @@ def run_episodes(
         bar.update(1)
         slot.episode, slot.request = None, None
 
-    def start(slot: _Slot) -> None:
-        while queue:
-            index, request = queue.pop()
-            options = dict(request.options)
-            if request.episode_id:
-                options["episode_id"] = request.episode_id
-            try:
-                observation, info = slot.env.reset(seed=request.seed, options=options)
-            except Exception as e:  # a broken task must not stop the others
-                env = slot.env.unwrapped
+    def fail(slot: _Slot, reason: str) -> None:
+        """End the slot's episode as errored and give the slot a fresh env."""
+        finish(slot, reason)
+        slot.env.restart()
+
+    def start(idle: list[_Slot]) -> None:
+        """Reset the idle slots' envs on the next requests (in parallel); a failed reset is an
+        errored episode and its slot takes the request after."""
+        while idle and queue:
+            started = []
+            for slot in idle:
+                if not queue:
+                    break
+                index, request = queue.pop()
+                options = dict(request.options)
+                if request.episode_id:
+                    options["episode_id"] = request.episode_id
+                slot.request, slot.index = request, index
+                slot.env.reset_async(request.seed, options)
+                started.append(slot)
+            for slot in started:
+                request = slot.request
+                assert request is not None
+                try:
+                    observation, info = slot.env.reset_wait()
+                except EnvFailure as e:  # a broken task must not stop the others
+                    slot.episode = Episode(
+                        env_id=slot.env.env_id, task_id="", task_type="", episode_id=request.episode_id or "",
+                        seed=request.seed, agent=agent.name, context=str(policy),
+                        instructions=slot.env.instructions, initial_observation="",
+                        initial=None,
+                        group=request.group,
+                    )
+                    fail(slot, str(e))
+                    continue
+                step = info["step"]
+                slot.info, slot.history = info, []
                 slot.episode = Episode(
-                    env_id=_env_id(slot.env), task_id="", task_type="", episode_id=request.episode_id or "",
-                    seed=request.seed, agent=agent.name, context=str(policy),
-                    instructions=getattr(env, "instructions", ""), initial_observation="",
-                    initial=None,
+                    env_id=slot.env.env_id,
+                    task_id=step.task_id,
+                    task_type=step.task_type,
+                    episode_id=step.episode_id,
+                    seed=request.seed,
+                    agent=agent.name,
+                    context=str(policy),
+                    instructions=slot.env.instructions,
+                    initial_observation=observation,
+                    initial=step,
                     group=request.group,
+                    meta={"options": {k: v for k, v in request.options.items()}},
                 )
-                slot.index = index
-                finish(slot, f"reset failed: {type(e).__name__}: {e}")
-                slot.env = make_env()
-                continue
-            env: TextEnv = slot.env.unwrapped  # type: ignore[assignment]
-            step = info["step"]
-            slot.request, slot.index, slot.info, slot.history = request, index, info, []
-            slot.episode = Episode(
-                env_id=_env_id(slot.env),
-                task_id=step.task_id,
-                task_type=step.task_type,
-                episode_id=step.episode_id,
-                seed=request.seed,
-                agent=agent.name,
-                context=str(policy),
-                instructions=env.instructions,
-                initial_observation=observation,
-                initial=step,
-                group=request.group,
-                meta={"options": {k: v for k, v in request.options.items()}},
-            )
-            return
+            idle = [s for s in idle if s.episode is None]
 
     try:
-        for slot in slots:
-            start(slot)
         while True:
+            start([s for s in slots if s.episode is None])
             live = [s for s in slots if s.episode is not None]
             if not live:
                 break
@@ -139,17 +169,26 @@ def run_episodes(
                 policy.messages(s.episode.instructions, s.episode.initial_observation, s.history)  # type: ignore[union-attr]
                 for s in live
             ]
-            responses = act_all(agent, prompts, [s.info for s in live], [s.env.unwrapped for s in live])  # type: ignore[misc]
+            try:
+                responses = act_all(agent, prompts, [s.info for s in live], [s.env.agent_env for s in live])
+            except EnvFailure:
+                # An env the agent read (a scripted agent's remote call) failed: end those
+                # episodes and play the tick again for the others.
+                broken = [s for s in live if s.env.broken]
+                if not broken:
+                    raise
+                for slot in broken:
+                    fail(slot, slot.env.broken or "env failed")
+                continue
+            for slot, response in zip(live, responses, strict=True):
+                slot.env.step_async(response)
             for slot, response in zip(live, responses, strict=True):
                 episode = slot.episode
                 assert episode is not None
                 try:
-                    observation, reward, terminated, truncated, info = slot.env.step(response)
-                except Exception as e:
-                    finish(slot, f"step failed: {type(e).__name__}: {e}")
-                    slot.env.close()
-                    slot.env = make_env()
-                    start(slot)
+                    observation, reward, terminated, truncated, info = slot.env.step_wait()
+                except EnvFailure as e:
+                    fail(slot, str(e))
                     continue
                 step = info.pop("step")
                 hindsight = info.pop("hindsight", None)
@@ -159,13 +198,21 @@ def run_episodes(
                 slot.history.append(HistoryItem(response, step.action, observation))
                 slot.info = {"step": step, **info}
                 if terminated or truncated:
-                    episode.hindsight = hindsight if hindsight is not None else slot.env.unwrapped.hindsight()
+                    if hindsight is None:
+                        try:
+                            hindsight = slot.env.hindsight()
+                        except EnvFailure as e:
+                            fail(slot, str(e))
+                            continue
+                    episode.hindsight = hindsight
                     finish(slot)
-                    start(slot)
     finally:
         bar.close()
         for slot in slots:
-            slot.env.close()
+            try:
+                slot.env.close()
+            except Exception:  # closing must not hide the error that got us here
+                pass
     return [r for r in results if r is not None]
 
 

@@ -1,0 +1,575 @@
+"""`agentgym-opsd bench CONFIG`: agents x envs x splits x seeds x episodes, resumable, with tables,
+plots and an HTML report.
+
+The config is TOML (`.toml`) or YAML (`.yaml`/`.yml`):
+
+    agents = ["expert", "random"]      # random, expert, hf:PATH, openai:BASE_URL#MODEL, or
+                                       # { name = "tiny", agent = "hf:runs/x/model" } to name one
+    seeds = [0, 1]                     # run seeds: each episode is played once per seed
+    episodes = 20                      # episodes per env and split ("all": one per task)
+    workers = 2                        # env worker processes (0: envs in this process)
+    num_envs = 8                       # envs stepped together when workers = 0
+    step_timeout = 60                  # seconds a step may take in a worker
+    context = "full"                   # or "window:K"
+
+    [[envs]]
+    id = "agentgym/ALFWorld-Heat-v0"   # or: family = "ALFWorld" (every registered id of it)
+    splits = ["valid_seen"]            # default: the id's first split
+    episodes = 10                      # overrides the top-level count
+    options = { max_turns = 30 }       # keywords for gymnasium.make
+
+`envs` may also be a list of ids. `family` stands for the family's per-subset ids (an id whose subset
+is `all` is used only when the family has no other).
+
+Episode i of run seed s, on an env with n tasks, plays task i mod n with reset seed i + 1_000_000 s,
+by an agent built with seed s; its key is (agent, env id, split, i, s). Every finished episode is
+appended to `RUN_DIR/episodes.jsonl` at once; running the same config again on the same folder
+skips the keys already there (errored episodes are played again), so a broken run resumes where
+it stopped. Then the run folder gets:
+
+- `results.json`: one summary per (agent, env id, split) (success with its 95% Wilson interval,
+  mean score, mean turns, invalid-action rate, per subset). It depends only on the episodes: a
+  resumed run writes the same file as an unbroken one.
+- `results.md` and `tables/<family>.md`: a Markdown table per env family.
+- `plots/<family>-<subset>.png`: success per agent with its interval, one chart per subset.
+- `report.html`: everything above plus a trajectory viewer (`agentgym_opsd.report`).
+- `run.json`: timings and versions (what may differ between runs).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import tomllib
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentgym_opsd.episode import Episode, append_episodes, load_episodes
+from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from agentgym_opsd.registry import entry, registered_envs
+from agentgym_opsd.summary import summarize
+from agentgym_opsd.workers import EnvFactory
+
+__all__ = ["AgentSpec", "BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "subset_rows", "RESET_SEED_STRIDE"]
+
+RESET_SEED_STRIDE = 1_000_000
+
+
+class ConfigError(ValueError):
+    """A bench config is wrong; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One env id and split of a bench, with its options and episode count."""
+
+    id: str
+    split: str
+    episodes: int | str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """An agent of a bench: the name it has in tables and keys, and what `make_agent` builds."""
+
+    name: str
+    agent: str
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    agents: tuple[AgentSpec, ...]
+    envs: tuple[EnvSpec, ...]
+    seeds: tuple[int, ...] = (0,)
+    workers: int = 0
+    num_envs: int = 8
+    step_timeout: float | None = 60.0
+    context: str = "full"
+    name: str = "bench"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["agents"] = [asdict(a) for a in self.agents]
+        d["seeds"] = list(self.seeds)
+        d["envs"] = [asdict(e) for e in self.envs]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BenchConfig:
+        """The inverse of `to_dict` (a run folder's config.json)."""
+        return cls(
+            agents=tuple(AgentSpec(a["name"], a["agent"]) for a in d["agents"]),
+            envs=tuple(EnvSpec(e["id"], e["split"], e["episodes"], dict(e.get("options") or {})) for e in d["envs"]),
+            seeds=tuple(d["seeds"]),
+            workers=int(d.get("workers", 0)),
+            num_envs=int(d.get("num_envs", 8)),
+            step_timeout=d.get("step_timeout"),
+            context=str(d.get("context", "full")),
+            name=str(d.get("name", "bench")),
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """What must not change for a run folder to be resumed (workers and timeouts may)."""
+        d = self.to_dict()
+        for key in ("workers", "num_envs", "step_timeout", "name"):
+            d.pop(key)
+        return d
+
+
+_TOP_KEYS = {"agents", "envs", "seeds", "episodes", "workers", "num_envs", "step_timeout", "context", "name"}
+_ENV_KEYS = {"id", "family", "splits", "split", "episodes", "options"}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            raise ConfigError(f"{path}: a bench config is a .toml, .yaml or .yml file")
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except ImportError:
+        raise
+    except Exception as e:  # yaml's errors
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config must be a table of settings")
+    return data
+
+
+def _episodes(value: Any, where: str) -> int | str:
+    if value == "all":
+        return "all"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: episodes must be a positive integer or \"all\", got {value!r}")
+    return value
+
+
+def config_from_dict(data: dict[str, Any], where: str = "config") -> BenchConfig:
+    """Check and normalise a config table (see the module docstring)."""
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
+    raw_agents = data.get("agents")
+    if isinstance(raw_agents, str):
+        raw_agents = [raw_agents]
+    if not raw_agents or not isinstance(raw_agents, list):
+        raise ConfigError(f'{where}: agents must be a list of agent names, e.g. agents = ["expert", "random"]')
+    agents = []
+    for a in raw_agents:
+        if isinstance(a, str) and a:
+            agents.append(AgentSpec(a, a))
+        elif isinstance(a, dict) and set(a) == {"name", "agent"} and all(isinstance(v, str) and v for v in a.values()):
+            agents.append(AgentSpec(a["name"], a["agent"]))
+        else:
+            raise ConfigError(f'{where}: agent {a!r}: give a name ("random") or {{ name = "tiny", agent = "hf:PATH" }}')
+    if len({a.name for a in agents}) != len(agents):
+        raise ConfigError(f"{where}: two agents have the same name")
+    seeds = data.get("seeds", [0])
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise ConfigError(f"{where}: seeds must be a list of non-negative integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{where}: seeds repeat: {seeds}")
+    default_episodes = _episodes(data.get("episodes", 10), f"{where}: episodes")
+    raw_envs = data.get("envs")
+    if not raw_envs or not isinstance(raw_envs, list):
+        raise ConfigError(f'{where}: envs must be a list, e.g. [[envs]] id = "agentgym/ALFWorld-Heat-v0"')
+    envs: list[EnvSpec] = []
+    for number, item in enumerate(raw_envs, start=1):
+        here = f"{where}: envs[{number}]"
+        if isinstance(item, str):
+            item = {"id": item}
+        if not isinstance(item, dict):
+            raise ConfigError(f"{here}: an env is an id or a table with id or family")
+        unknown = set(item) - _ENV_KEYS
+        if unknown:
+            raise ConfigError(f"{here}: unknown key(s) {sorted(unknown)}; known: {sorted(_ENV_KEYS)}")
+        if ("id" in item) == ("family" in item):
+            raise ConfigError(f"{here}: give exactly one of id and family")
+        if "id" in item:
+            ids = [str(item["id"])]
+            entry(ids[0])  # UnknownEnvError names the closest ids
+        else:
+            members = [e for e in registered_envs() if e.family == item["family"]]
+            # A family's subset ids; an id that plays all subsets at once is left out when the
+            # family has per-subset ids (it would play the same tasks again).
+            ids = [e.id for e in members if e.subset != "all"] or [e.id for e in members]
+            if not ids:
+                families = sorted({e.family for e in registered_envs()})
+                raise ConfigError(f"{here}: no env of family {item['family']!r}; registered families: {families}")
+        splits = item.get("splits", item.get("split"))
+        if isinstance(splits, str):
+            splits = [splits]
+        options = item.get("options", {})
+        if not isinstance(options, dict):
+            raise ConfigError(f"{here}: options must be a table of keywords")
+        count = _episodes(item.get("episodes", default_episodes), f"{here}: episodes")
+        for env_id in ids:
+            known = entry(env_id).splits
+            for split in splits or [known[0]]:
+                if split not in known:
+                    raise ConfigError(f"{here}: {env_id} has no split {split!r}; its splits: {list(known)}")
+                envs.append(EnvSpec(env_id, split, count, dict(options)))
+    keys = [(e.id, e.split) for e in envs]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{where}: an env id and split appear twice")
+    workers = data.get("workers", 0)
+    if not isinstance(workers, int) or workers < 0:
+        raise ConfigError(f"{where}: workers must be an integer >= 0")
+    num_envs = data.get("num_envs", 8)
+    if not isinstance(num_envs, int) or num_envs < 1:
+        raise ConfigError(f"{where}: num_envs must be an integer >= 1")
+    timeout = data.get("step_timeout", 60.0)
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ConfigError(f"{where}: step_timeout must be a positive number of seconds")
+    context = str(data.get("context", "full"))
+    from agentgym_opsd.context import ContextPolicy
+
+    try:
+        ContextPolicy.parse(context)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return BenchConfig(
+        agents=tuple(agents),
+        envs=tuple(envs),
+        seeds=tuple(seeds),
+        workers=workers,
+        num_envs=num_envs,
+        step_timeout=None if timeout is None else float(timeout),
+        context=context,
+        name=str(data.get("name", "bench")),
+    )
+
+
+def load_config(path: str | Path) -> BenchConfig:
+    """Read and check a bench config file."""
+    path = Path(path)
+    return config_from_dict(_read(path), str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Running.
+
+
+def env_factory(spec: EnvSpec) -> EnvFactory:
+    """Builds the env of `spec` (picklable: workers start from the fork server). `split=` is passed
+    unless the id has a single split (then it is the env's only data and the class need not take
+    the keyword)."""
+    kwargs = dict(spec.options)
+    if entry(spec.id).splits != (spec.split,):
+        kwargs["split"] = spec.split
+    return EnvFactory(spec.id, kwargs)
+
+
+def episode_key(agent: str, env_id: str, split: str, index: int, seed: int) -> str:
+    """The key a bench episode is stored and resumed under."""
+    return json.dumps([agent, env_id, split, index, seed])
+
+
+def _load_done(path: Path) -> dict[str, Episode]:
+    """The latest record of every key in the episodes file (a torn last line is ignored)."""
+    done: dict[str, Episode] = {}
+    if path.exists():
+        for episode in load_episodes(path, skip_torn_lines=True):
+            key = episode.meta.get("bench_key")
+            if key is not None:
+                done[key] = episode
+    return done
+
+
+def _task_count(spec: EnvSpec) -> int:
+    env = env_factory(spec)()
+    try:
+        return int(env.unwrapped.num_tasks)
+    finally:
+        env.close()
+
+
+def run_bench(
+    config: BenchConfig,
+    run_dir: str | Path,
+    *,
+    restart: bool = False,
+    progress: bool = True,
+    make_agent: Callable[..., Any] | None = None,
+    report: bool = True,
+) -> dict[str, Any]:
+    """Run (or resume) a bench into `run_dir` and write its results; returns results.json's content.
+
+    Args:
+        config: the bench (see `load_config`).
+        run_dir: the run folder; an existing one is resumed.
+        restart: delete the folder's episodes and start over.
+        progress: show a progress bar over all episodes.
+        make_agent: builds agents (default `agentgym_opsd.agents.make_agent`).
+        report: also write report.html.
+    """
+    from tqdm.auto import tqdm
+
+    from agentgym_opsd.agents import make_agent as default_make_agent
+    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+
+    build_agent = make_agent or default_make_agent
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    episodes_path = run_dir / "episodes.jsonl"
+    config_path = run_dir / "config.json"
+    if restart:
+        for stale in (episodes_path, run_dir / "results.json"):
+            stale.unlink(missing_ok=True)
+    if config_path.exists() and episodes_path.exists():
+        previous = json.loads(config_path.read_text(encoding="utf-8"))
+        if previous.get("identity") != json.loads(json.dumps(config.identity())):
+            raise ConfigError(
+                f"{run_dir} holds a run of another config; pass --restart to start it over, or --out for a new folder"
+            )
+    atomic_write_json(config_path, {"config": config.to_dict(), "identity": config.identity()})
+
+    tasks = [_task_count(spec) for spec in config.envs]
+    counts = [n if spec.episodes == "all" else int(spec.episodes) for spec, n in zip(config.envs, tasks, strict=True)]
+    done = _load_done(episodes_path)
+    finished = {k for k, e in done.items() if e.error is None}
+    planned = [
+        (agent_spec.name, seed, spec, index)
+        for agent_spec in config.agents
+        for seed in config.seeds
+        for number, spec in enumerate(config.envs)
+        for index in range(counts[number])
+    ]
+    todo = [p for p in planned if episode_key(p[0], p[2].id, p[2].split, p[3], p[1]) not in finished]
+    started = time.time()
+    bar = tqdm(total=len(planned), initial=len(planned) - len(todo), desc=f"bench {config.name}", unit="ep", disable=not progress)
+    errors_seen = 0
+    keys: dict[str, str] = {}  # episode id -> key, for the agent playing now
+
+    def record(episode: Episode) -> None:
+        nonlocal errors_seen
+        key = keys[episode.episode_id]
+        episode.meta["bench_key"] = key
+        episode.meta["agent_spec"] = episode.agent
+        episode.agent = json.loads(key)[0]  # the bench's name for it
+        append_episodes(episodes_path, [episode])
+        done[key] = episode
+        bar.update(1)
+        if episode.error:
+            errors_seen += 1
+            bar.set_postfix_str(f"{errors_seen} errored", refresh=False)
+
+    try:
+        for agent_spec in config.agents:
+            agent_name = agent_spec.name
+            for seed in config.seeds:
+                agent = None
+                for number, spec in enumerate(config.envs):
+                    requests = []
+                    keys.clear()
+                    for a, s, sp, index in todo:
+                        if a == agent_name and s == seed and sp == spec:
+                            episode_id = f"{spec.id}:{spec.split}:{index}@{seed}"
+                            keys[episode_id] = episode_key(agent_name, spec.id, spec.split, index, seed)
+                            requests.append(
+                                EpisodeRequest(
+                                    seed=index + RESET_SEED_STRIDE * seed,
+                                    options={"task_index": index % tasks[number]},
+                                    episode_id=episode_id,
+                                )
+                            )
+                    if not requests:
+                        continue
+                    if agent is None:
+                        agent = build_agent(agent_spec.agent, seed=seed)
+                    bar.set_description_str(f"bench {config.name}: {agent_name} on {spec.id}")
+                    run_episodes(
+                        env_factory(spec),
+                        agent,
+                        requests,
+                        num_envs=config.num_envs,
+                        workers=config.workers,
+                        step_timeout=config.step_timeout,
+                        context=config.context,
+                        progress=False,
+                        on_episode=record,
+                    )
+    finally:
+        bar.close()
+    results = write_results(run_dir, config, done, report=report)
+    elapsed = time.time() - started
+    run_info = {"wall_seconds": round(elapsed, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    atomic_write_json(run_dir / "run.json", run_info)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Results.
+
+
+def _family(env_id: str) -> tuple[str, str]:
+    e = entry(env_id)
+    return e.family, e.subset
+
+
+def _row(summary: dict[str, Any]) -> dict[str, Any]:
+    keys = ("episodes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate", "errors")
+    return {k: summary[k] for k in keys if k in summary}
+
+
+def summarize_bench(config: BenchConfig, episodes_by_key: dict[str, Episode]) -> dict[str, Any]:
+    """results.json's content: one entry per (agent, env id, split), in config order, over the
+    episodes of every seed (ordered by seed, then episode index)."""
+    grouped: dict[tuple[str, str, str], list[tuple[int, int, Episode]]] = defaultdict(list)
+    for key, episode in episodes_by_key.items():
+        agent_name, env_id, split, index, seed = json.loads(key)
+        grouped[(agent_name, env_id, split)].append((seed, index, episode))
+    results = []
+    for agent_spec in config.agents:
+        agent_name = agent_spec.name
+        for spec in config.envs:
+            rows = sorted(grouped.get((agent_name, spec.id, spec.split), []), key=lambda t: (t[0], t[1]))
+            chosen = [e for seed, _, e in rows if seed in config.seeds]
+            family, subset = _family(spec.id)
+            summary = summarize(chosen, env_id=spec.id, agent=agent_name)
+            by_type = summary.pop("by_task_type")
+            summary.update(
+                family=family,
+                subset=subset,
+                split=spec.split,
+                seeds=list(config.seeds),
+                subsets={t: _row(s) for t, s in by_type.items()},
+            )
+            results.append(summary)
+    return {"name": config.name, "results": results}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def subset_rows(r: dict[str, Any]) -> list[tuple[str, dict[str, Any], Any]]:
+    """The table rows of one result: (subset label, stats, errored). An id of one subset is one row
+    named after it; an id that plays several (subset `all`) gets a row per task type and an `all` row."""
+    if r["subset"] != "all":
+        return [(r["subset"], _row(r), r.get("errors", 0))]
+    rows: list[tuple[str, dict[str, Any], Any]] = [(t, s, "") for t, s in (r.get("subsets") or {}).items()]
+    rows.append(("all", _row(r), r.get("errors", 0)))
+    return rows
+
+
+def markdown_tables(results: dict[str, Any]) -> dict[str, str]:
+    """A Markdown table per env family: one row per subset, split and agent."""
+    by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results["results"]:
+        by_family[r["family"]].append(r)
+    out = {}
+    header = "| subset | split | agent | episodes | success % | 95% CI | mean score | mean turns | invalid % | errored |"
+    rule = "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    for family, rows in by_family.items():
+        lines = [f"### {family}", "", header, rule]
+        for r in sorted(rows, key=lambda r: (r["subset"], r["split"])):  # stable: agents keep config order
+            for name, s, errors in subset_rows(r):
+                low, high = s["success_ci95"]
+                lines.append(
+                    f"| {name} | {r['split']} | {r['agent']} | {s['episodes']} | {_pct(s['success_rate'])} | "
+                    f"[{_pct(low)}, {_pct(high)}] | {s['mean_score']:.3f} | {s['mean_turns']:.1f} | "
+                    f"{_pct(s['invalid_rate'])} | {errors} |"
+                )
+        out[family] = "\n".join(lines) + "\n"
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-") or "x"
+
+
+def plot_results(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """One PNG per env family and subset: success per agent (bars) with the 95% interval, a bar
+    group per split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in results["results"]:
+        for name, s, _ in subset_rows(r):
+            groups[(r["family"], name)].append({"agent": r["agent"], "split": r["split"], **s})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    all_agents = list(dict.fromkeys(r["agent"] for r in results["results"]))
+    palette = plt.get_cmap("tab10").colors
+    hatches = ["", "//", "..", "xx", "\\\\"]
+    for (family, subset), rows in groups.items():
+        agents = list(dict.fromkeys(r["agent"] for r in rows))
+        splits = list(dict.fromkeys(r["split"] for r in rows))
+        fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(agents) * len(splits), 3.2), dpi=100)
+        width = 0.8 / len(splits)
+        for j, split in enumerate(splits):
+            xs, heights, lows, highs, colours = [], [], [], [], []
+            for i, agent in enumerate(agents):
+                match = [r for r in rows if r["agent"] == agent and r["split"] == split]
+                if not match:
+                    continue
+                r = match[0]
+                xs.append(i + (j - (len(splits) - 1) / 2) * width)
+                heights.append(100 * r["success_rate"])
+                # (the interval's float ends may sit a rounding error inside the rate at 0 and 1)
+                lows.append(max(0.0, 100 * (r["success_rate"] - r["success_ci95"][0])))
+                highs.append(max(0.0, 100 * (r["success_ci95"][1] - r["success_rate"])))
+                colours.append(palette[all_agents.index(agent) % len(palette)])
+            bars = ax.bar(
+                xs, heights, width=width * 0.9, yerr=[lows, highs], capsize=3, color=colours,
+                hatch=hatches[j % len(hatches)], edgecolor="white", label=split,
+            )
+            ax.bar_label(bars, labels=[f"{h:.0f}" for h in heights], padding=2, fontsize=8)
+        ax.set_xticks(range(len(agents)), [a if len(a) <= 18 else a[:8] + "…" + a[-8:] for a in agents], fontsize=8)
+        ax.set_ylim(0, 110)
+        ax.set_ylabel("success % (95% CI)")
+        ax.set_title(f"{family}: {subset}", fontsize=10)
+        if len(splits) > 1:
+            ax.legend(fontsize=7)
+        ax.spines[["top", "right"]].set_visible(False)
+        fig.tight_layout()
+        path = out_dir / f"{_safe(family)}-{_safe(subset)}.png"
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", metadata={"Software": None})
+        plt.close(fig)
+        atomic_write_bytes(path, buffer.getvalue())
+        written.append(path)
+    return written
+
+
+def write_results(
+    run_dir: str | Path, config: BenchConfig, episodes_by_key: dict[str, Episode] | None = None, *, report: bool = True
+) -> dict[str, Any]:
+    """Write results.json, results.md, tables/, plots/ (and report.html) from the run's episodes."""
+    run_dir = Path(run_dir)
+    if episodes_by_key is None:
+        episodes_by_key = _load_done(run_dir / "episodes.jsonl")
+    results = summarize_bench(config, episodes_by_key)
+    atomic_write_json(run_dir / "results.json", results)
+    tables = markdown_tables(results)
+    for family, text in tables.items():
+        atomic_write_text(run_dir / "tables" / f"{_safe(family)}.md", text)
+    atomic_write_text(run_dir / "results.md", f"# {config.name}\n\n" + "\n".join(tables.values()))
+    plot_results(results, run_dir / "plots")
+    if report:
+        from agentgym_opsd.report import write_report
+
+        write_report(run_dir)
+    return results

@@ -1,0 +1,383 @@
+"""Render a run folder as one self-contained HTML page (see `agentgym_opsd.report`)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentgym_opsd.episode import Episode, load_episodes
+from agentgym_opsd.io import atomic_write_bytes, atomic_write_text, read_jsonl_numbered
+from agentgym_opsd.bench import subset_rows
+from agentgym_opsd.report.credit import episode_credit, merge_credit_file
+
+__all__ = ["RunData", "load_run", "render_report", "write_report"]
+
+# Metrics drawn first when a training run logs them (then any other shared numeric key).
+_PREFERRED_METRICS = (
+    "eval/success", "train/success", "success_rate", "train/reward", "mean_reward", "mean_score", "loss",
+    "credit/adv_std_ratio", "train/invalid_rate", "invalid_rate",
+)
+# Bookkeeping keys of a metrics row, never drawn.
+_NOT_METRICS = {"update", "step", "time", "kind"}
+
+
+@dataclass
+class RunData:
+    """What a run folder holds, read once.
+
+    Attributes:
+        run_dir: the folder.
+        name: the run's name (bench config name or folder name).
+        results: results.json's content, or None.
+        plots: the bench's PNG charts.
+        training: method -> its metrics rows (one per update).
+        viewer: (source, episode) pairs for the trajectory viewer; source is `bench` or
+            `train:<method>`.
+        meta: counts and notes shown in the header.
+    """
+
+    run_dir: Path
+    name: str
+    results: dict[str, Any] | None = None
+    plots: list[Path] = field(default_factory=list)
+    training: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    viewer: list[tuple[str, Episode]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _pick_bench_episodes(episodes: list[Episode], per_group: int) -> list[Episode]:
+    """Up to `per_group` episodes per (agent, env, split): successes and failures alternately, in
+    file order."""
+    groups: dict[tuple[str, str, str], list[Episode]] = defaultdict(list)
+    for e in episodes:
+        groups[(e.agent, e.env_id, str(e.meta.get("split", "")))].append(e)
+    picked = []
+    for group in groups.values():
+        wins = [e for e in group if e.success]
+        losses = [e for e in group if not e.success]
+        chosen: list[Episode] = []
+        while len(chosen) < per_group and (wins or losses):
+            for pool in (wins, losses):
+                if pool and len(chosen) < per_group:
+                    chosen.append(pool.pop(0))
+        picked.extend(chosen)
+    return picked
+
+
+def _latest_by_key(episodes: list[Episode]) -> list[Episode]:
+    """A bench file may hold an errored record and its replay: keep the last record per key."""
+    by_key: dict[str, Episode] = {}
+    loose = []
+    for e in episodes:
+        key = e.meta.get("bench_key")
+        if key is None:
+            loose.append(e)
+        else:
+            by_key[key] = e
+    return loose + list(by_key.values())
+
+
+def _training_episodes(method_dir: Path) -> list[Episode]:
+    """A training run's episodes: `episodes.jsonl`, else the trainer's `episodes/update_*.jsonl`
+    (each episode's `meta["update"]` says which update played it)."""
+    if (method_dir / "episodes.jsonl").exists():
+        return load_episodes(method_dir / "episodes.jsonl", skip_torn_lines=True)
+    out: list[Episode] = []
+    for path in sorted((method_dir / "episodes").glob("update_*.jsonl")) if (method_dir / "episodes").is_dir() else []:
+        update = int(path.stem.split("_")[1])
+        for e in load_episodes(path, skip_torn_lines=True):
+            e.meta.setdefault("update", update)
+            out.append(e)
+    return out
+
+
+def load_run(run_dir: str | Path, *, per_group: int = 4, per_method: int = 24) -> RunData:
+    """Read a run folder for the report.
+
+    Args:
+        per_group: bench episodes shown per agent, env and split.
+        per_method: training episodes (with credit) shown per method.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run folder")
+    data = RunData(run_dir=run_dir, name=run_dir.name)
+    results_path = run_dir / "results.json"
+    if results_path.exists():
+        data.results = json.loads(results_path.read_text(encoding="utf-8"))
+        data.name = str(data.results.get("name") or data.name)
+    data.plots = sorted((run_dir / "plots").glob("*.png")) if (run_dir / "plots").is_dir() else []
+    episodes_path = run_dir / "episodes.jsonl"
+    bench_episodes: list[Episode] = []
+    if episodes_path.exists():
+        bench_episodes = _latest_by_key(load_episodes(episodes_path, skip_torn_lines=True))
+        if (run_dir / "credit.jsonl").exists():
+            merge_credit_file(run_dir / "credit.jsonl", bench_episodes)
+        data.viewer += [("bench", e) for e in _pick_bench_episodes(bench_episodes, per_group)]
+    data.meta["bench_episodes"] = len(bench_episodes)
+    training_dir = run_dir / "training"
+    if training_dir.is_dir():
+        for method_dir in sorted(p for p in training_dir.iterdir() if p.is_dir()):
+            method = method_dir.name
+            metrics_path = method_dir / "metrics.jsonl"
+            if metrics_path.exists():
+                rows = [row for _, row in read_jsonl_numbered(metrics_path, skip_torn_lines=True)]
+                data.training[method] = [r for r in rows if r.get("kind") != "sft"]  # warm-start epochs
+            episodes = _training_episodes(method_dir)
+            for credit_path in (method_dir / "credit.jsonl", run_dir / "credit.jsonl"):
+                if credit_path.exists():
+                    merge_credit_file(credit_path, episodes)
+            with_credit = [e for e in episodes if e.meta.get("credit")]
+            data.viewer += [(f"train:{method}", e) for e in (with_credit or episodes)[-per_method:]]
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces of the page.
+
+
+def _png_data_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _results_html(results: dict[str, Any]) -> str:
+    """One table per env family: subset, split, agent, episodes, success with its 95% interval (and
+    a bar), mean score, mean turns, invalid-action rate, errored episodes."""
+    by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results.get("results", []):
+        by_family[r["family"]].append(r)
+    parts = []
+    for family, rows in by_family.items():
+        body = []
+        for r in sorted(rows, key=lambda r: (r["subset"], r["split"])):
+            for name, s, errors in subset_rows(r):
+                low, high = s["success_ci95"]
+                rate = s["success_rate"]
+                bar = (
+                    f'<span class="ci" style="left:{100 * low:.1f}%;width:{100 * (high - low):.1f}%"></span>'
+                    f'<span class="pt" style="left:{100 * rate:.1f}%"></span>'
+                )
+                body.append(
+                    "<tr>"
+                    f"<td>{html.escape(name)}</td><td>{html.escape(r['split'])}</td>"
+                    f"<td class=agent>{html.escape(r['agent'])}</td><td class=num>{s['episodes']}</td>"
+                    f"<td class=num><b>{_pct(rate)}</b></td>"
+                    f"<td class=num>[{_pct(low)}, {_pct(high)}]</td><td class=bar><div class=track>{bar}</div></td>"
+                    f"<td class=num>{s['mean_score']:.3f}</td><td class=num>{s['mean_turns']:.1f}</td>"
+                    f"<td class=num>{_pct(s['invalid_rate'])}</td><td class=num>{errors}</td>"
+                    "</tr>"
+                )
+        parts.append(
+            f'<h3>{html.escape(family)}</h3><table class="results"><thead><tr><th>subset</th><th>split</th>'
+            "<th>agent</th><th>episodes</th><th>success %</th><th>95% CI</th><th></th><th>mean score</th>"
+            "<th>mean turns</th><th>invalid %</th><th>errored</th></tr></thead><tbody>"
+            + "".join(body)
+            + "</tbody></table>"
+        )
+    return "\n".join(parts)
+
+
+def _plots_html(plots: list[Path]) -> str:
+    figures = []
+    for path in plots:
+        figures.append(
+            f'<figure><img alt="{html.escape(path.stem)}" src="{_png_data_uri(path.read_bytes())}">'
+            f"<figcaption>{html.escape(path.stem)}</figcaption></figure>"
+        )
+    return f'<div class="plots">{"".join(figures)}</div>' if figures else ""
+
+
+def _training_metric_names(training: dict[str, list[dict[str, Any]]]) -> list[str]:
+    shared: set[str] | None = None
+    for rows in training.values():
+        names = {k for row in rows for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        names -= _NOT_METRICS
+        names = {n for n in names if not any(w in n for w in ("seconds", "time/", "_s", "tokens_per_s"))}  # timings
+        shared = names if shared is None else shared & names
+    shared = shared or set()
+    ordered = [m for m in _PREFERRED_METRICS if m in shared] + sorted(shared - set(_PREFERRED_METRICS))
+    return ordered[:4]
+
+
+def training_plot(training: dict[str, list[dict[str, Any]]]) -> bytes | None:
+    """A PNG with one panel per shared metric, one line per method, against the update index."""
+    names = _training_metric_names(training)
+    if not names:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 2.8), dpi=100, squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        for method, rows in training.items():
+            points = [
+                (row.get("update", row.get("step", i)), row[name])
+                for i, row in enumerate(rows)
+                if isinstance(row.get(name), (int, float)) and math.isfinite(row[name])
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, marker="o", markersize=3, label=method)
+        ax.set_title(name.replace("_", " "), fontsize=10)
+        ax.set_xlabel("update")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _training_html(training: dict[str, list[dict[str, Any]]]) -> str:
+    if not training:
+        return ""
+    names = _training_metric_names(training)
+    png = training_plot(training)
+    rows = []
+    for method, metrics in training.items():
+        cells = ""
+        for n in names:
+            values = [row[n] for row in metrics if isinstance(row.get(n), (int, float))]
+            first, last = (values[0], values[-1]) if values else (None, None)
+            cells += f"<td class=num>{_fmt(first)} &rarr; <b>{_fmt(last)}</b></td>"
+        updates = max((int(row.get("update", row.get("step", 0))) for row in metrics), default=0)
+        rows.append(f"<tr><td class=agent>{html.escape(method)}</td><td class=num>{updates}</td>{cells}</tr>")
+    head = "".join(f"<th>{html.escape(n.replace('_', ' '))} (first &rarr; last)</th>" for n in names)
+    table = f'<table class="results"><thead><tr><th>method</th><th>updates</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    image = f'<div class="plots wide"><figure><img alt="training curves" src="{_png_data_uri(png)}"></figure></div>' if png else ""
+    return table + image
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return html.escape(str(value)) if value is not None else "&ndash;"
+
+
+def _episode_json(source: str, episode: Episode, instructions: dict[str, int]) -> dict[str, Any]:
+    if episode.instructions not in instructions:
+        instructions[episode.instructions] = len(instructions)
+    try:
+        credit = episode_credit(episode)
+    except ValueError as e:  # a bad record is shown as such, not fatal to the report
+        credit, credit_error = {}, str(e)
+    else:
+        credit_error = None
+    return {
+        "source": source,
+        "id": episode.episode_id,
+        "agent": episode.agent,
+        "env": episode.env_id,
+        "split": str(episode.meta.get("split", "")),
+        "update": episode.meta.get("update"),
+        "seed": episode.seed,
+        "task": episode.task_id,
+        "type": episode.task_type,
+        "success": episode.success,
+        "score": episode.score,
+        "error": episode.error,
+        "instructions": instructions[episode.instructions],
+        "initial": episode.initial_observation,
+        "hindsight": None if episode.hindsight is None else episode.hindsight.reference,
+        "turns": [
+            {
+                "response": t.response,
+                "action": t.action,
+                "observation": t.observation,
+                "reward": t.reward,
+                "format_ok": t.step.format_ok,
+                "format_error": t.step.format_error,
+                "admissible": t.step.admissible,
+                "span": None if t.step.action_span is None else list(t.step.action_span),
+            }
+            for t in episode.turns
+        ],
+        "credit": credit,
+        "credit_error": credit_error,
+    }
+
+
+def _script_json(obj: Any) -> str:
+    """JSON safe inside a <script> element: `<`, `>` and `&` only occur inside JSON strings, where
+    their \\u escapes mean the same, so no env text can close the element or open a comment."""
+    text = json.dumps(obj, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+_TEMPLATE = Path(__file__).with_name("template.html")
+
+
+def render_report(data: RunData) -> str:
+    """The report page as one HTML string."""
+    instructions: dict[str, int] = {}
+    viewer = [_episode_json(source, e, instructions) for source, e in data.viewer]
+    payload = {"episodes": viewer, "instructions": list(instructions)}
+    sections = []
+    nav = []
+    if data.results:
+        sections.append(
+            '<section id="results"><h2>Results</h2><p class="note">Success rate with its 95% Wilson interval '
+            "(the bar: the interval, the mark: the rate); invalid % is the share of turns that were malformed "
+            "or not admissible.</p>" + _results_html(data.results) + _plots_html(data.plots) + "</section>"
+        )
+        nav.append('<a href="#results">Results</a>')
+    if data.training:
+        sections.append('<section id="training"><h2>Training</h2>' + _training_html(data.training) + "</section>")
+        nav.append('<a href="#training">Training</a>')
+    if viewer:
+        sections.append(
+            '<section id="trajectories"><h2>Trajectories</h2><p class="note">Each turn: the agent\'s response, '
+            "the per-turn credit, and the env's observation. Where a trainer recorded StepOPSD credit, the scored "
+            "action tokens are coloured by their weight w<sub>t</sub>: green above 1 (the token takes more of the "
+            "episode's advantage: more credit when A &gt; 0, more blame when A &lt; 0), red below 1; or by the "
+            "teacher-student gap &delta;<sub>t</sub> (green: the teacher with hindsight finds the token likelier).</p>"
+            '<div class="viewer"><div class="picker"><select id="filter"></select><ol id="episode-list"></ol></div>'
+            '<div id="episode"></div></div></section>'
+        )
+        nav.append('<a href="#trajectories">Trajectories</a>')
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    summary = f"{data.meta.get('bench_episodes', 0)} bench episodes"
+    if data.training:
+        summary += f"; training: {', '.join(data.training)}"
+    page = _TEMPLATE.read_text(encoding="utf-8")
+    return (
+        page.replace("{{title}}", html.escape(data.name))
+        .replace("{{summary}}", html.escape(f"{summary}; written {stamp}"))
+        .replace("{{nav}}", " ".join(nav))
+        .replace("{{sections}}", "\n".join(sections) or "<p>This run folder holds nothing to report yet.</p>")
+        .replace("{{data}}", _script_json(payload))
+    )
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, **load_kwargs: Any) -> Path:
+    """Write `report.html` for a run folder (atomically); returns its path."""
+    data = load_run(run_dir, **load_kwargs)
+    path = Path(out) if out is not None else Path(run_dir) / "report.html"
+    atomic_write_text(path, render_report(data))
+    return path
+
+
+def save_training_plot(training: dict[str, list[dict[str, Any]]], path: str | Path) -> bool:
+    """Write the training curves as a PNG (False when there is nothing to draw)."""
+    png = training_plot(training)
+    if png is None:
+        return False
+    atomic_write_bytes(path, png)
+    return True

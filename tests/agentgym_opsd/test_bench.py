@@ -1,0 +1,218 @@
+"""`agentgym-opsd bench`: configs, parallel runs, resuming after a SIGKILL, tables and charts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import agentgym_opsd
+from agentgym_opsd.bench import ConfigError, config_from_dict, load_config, run_bench
+from agentgym_opsd.cli import main
+from agentgym_opsd.episode import load_episodes
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGINS = [REPO / "tests" / "data" / "example_plugin", REPO / "tests" / "data" / "bench_plugin"]
+
+CONFIG = """\
+name = "resume"
+agents = ["expert", "random"]
+seeds = [0, 1]
+episodes = 8
+workers = 2
+
+[[envs]]
+family = "Tally"
+options = { delay = 0.004 }
+
+[[envs]]
+id = "example/GuessNumber-v0"
+episodes = 5
+"""
+PLANNED = 2 * 2 * (8 + 8 + 5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bench_envs():
+    """The Tally test envs, registered through their entry point (tests/conftest.py registers the
+    example plug-in the same way)."""
+    if str(PLUGINS[1]) not in sys.path:
+        sys.path.insert(0, str(PLUGINS[1]))
+    agentgym_opsd.load_plugins(reload=True)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, PLUGINS), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _bench(config: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentgym_opsd.cli", "bench", str(config), "--out", str(out), "--quiet", "--no-report"],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _by_key(run: Path) -> dict[str, dict]:
+    out = {}
+    for e in load_episodes(run / "episodes.jsonl", skip_torn_lines=True):
+        out[e.meta["bench_key"]] = e.to_dict()
+    return out
+
+
+def test_a_run_killed_mid_way_resumes_to_the_results_of_an_unbroken_run(tmp_path):
+    config = tmp_path / "resume.toml"
+    config.write_text(CONFIG)
+    broken, whole = tmp_path / "broken", tmp_path / "whole"
+
+    first = _bench(config, broken)
+    try:
+        deadline = time.monotonic() + 120
+        while _lines(broken / "episodes.jsonl") < 20:
+            assert first.poll() is None, f"the bench ended before it was killed: {first.communicate()[1][-2000:]}"
+            assert time.monotonic() < deadline, "the bench wrote no episodes"
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait()
+    assert first.returncode == -signal.SIGKILL
+    played_before_kill = _lines(broken / "episodes.jsonl")
+    assert 20 <= played_before_kill < PLANNED, "the kill did not land mid-way"
+    assert not (broken / "results.json").exists()
+
+    resumed = _bench(config, broken)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-2000:]
+    unbroken = _bench(config, whole)
+    out, err = unbroken.communicate(timeout=300)
+    assert unbroken.returncode == 0, err[-2000:]
+
+    assert json.loads((broken / "results.json").read_text()) == json.loads((whole / "results.json").read_text())
+    episodes_broken, episodes_whole = _by_key(broken), _by_key(whole)
+    assert len(episodes_whole) == PLANNED
+    assert episodes_broken == episodes_whole
+    # The resume played only what was missing (a line torn by the kill may be played again).
+    assert _lines(broken / "episodes.jsonl") <= PLANNED + 1
+    assert (broken / "results.md").read_text() == (whole / "results.md").read_text()
+
+
+def test_bench_writes_tables_and_charts_that_match_the_episodes(tmp_path):
+    config = config_from_dict(
+        {
+            "name": "small",
+            "agents": ["expert", {"name": "chance", "agent": "random"}],
+            "seeds": [3],
+            "episodes": 12,
+            "envs": [{"family": "Tally"}],
+        }
+    )
+    results = run_bench(config, tmp_path, progress=False, report=False)
+    rows = {(r["agent"], r["subset"]): r for r in results["results"]}
+    assert set(rows) == {(a, s) for a in ("expert", "chance") for s in ("small", "large")}
+    episodes = load_episodes(tmp_path / "episodes.jsonl")
+    assert len(episodes) == 48
+    assert {(e.agent, e.meta["agent_spec"]) for e in episodes} == {("expert", "expert"), ("chance", "random")}
+    for (agent, subset), row in rows.items():
+        mine = [e for e in episodes if e.agent == agent and e.task_type == subset]
+        wins = sum(e.success for e in mine)
+        assert row["episodes"] == len(mine) == 12
+        assert row["success_rate"] == pytest.approx(wins / 12)
+        low, high = row["success_ci95"]
+        assert low <= wins / 12 <= high and high - low > 0.05
+        assert row["mean_turns"] == pytest.approx(sum(e.num_turns for e in mine) / 12)
+    assert rows[("expert", "large")]["success_rate"] == 1.0
+    assert rows[("chance", "large")]["success_rate"] < 1.0  # overshooting is easy at random
+    table = (tmp_path / "tables" / "Tally.md").read_text()
+    expert_large = rows[("expert", "large")]
+    assert f"| large | test | expert | 12 | 100.0 | [{100 * expert_large['success_ci95'][0]:.1f}, 100.0] |" in table
+    random_large = rows[("chance", "large")]
+    assert f"| large | test | chance | 12 | {100 * random_large['success_rate']:.1f} |" in table
+    charts = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert charts == ["Tally-large.png", "Tally-small.png"]
+    for chart in charts:
+        assert (tmp_path / "plots" / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_workers_and_in_process_runs_give_the_same_results(tmp_path):
+    base = {"agents": ["random"], "seeds": [0], "episodes": 10, "envs": ["benchtest/Tally-Large-v0", "example/GuessNumber-v0"]}
+    a = run_bench(config_from_dict({**base, "workers": 0}), tmp_path / "a", progress=False, report=False)
+    b = run_bench(config_from_dict({**base, "workers": 3}), tmp_path / "b", progress=False, report=False)
+    assert a == b
+    assert _by_key(tmp_path / "a") == _by_key(tmp_path / "b")
+
+
+def test_errored_episodes_are_reported_and_played_again_on_resume(tmp_path):
+    plan = {"agents": ["expert"], "episodes": 4, "workers": 2, "envs": [{"id": "benchtest/Tally-Small-v0", "options": {"delay": 0.6}}]}
+    results = run_bench(config_from_dict({**plan, "step_timeout": 0.2}), tmp_path, progress=False, report=False)
+    [row] = results["results"]
+    assert row["errors"] == 4 and row["success_rate"] == 0.0
+    errors = {e.error for e in load_episodes(tmp_path / "episodes.jsonl")}
+    assert errors == {"step timed out after 0.2s (worker killed)"}
+    # The same plan with a looser timeout resumes the folder: the errored keys are played again.
+    results = run_bench(config_from_dict({**plan, "step_timeout": 30}), tmp_path, progress=False, report=False)
+    [row] = results["results"]
+    assert row["errors"] == 0 and row["success_rate"] == 1.0 and row["episodes"] == 4
+    assert len(load_episodes(tmp_path / "episodes.jsonl")) == 8  # both attempts are kept in the file
+
+
+def test_config_errors_name_the_problem(tmp_path):
+    cases = {
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nepisods = 3\n': "unknown setting(s) ['episods']",
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nepisodes = 0\n': "episodes must be a positive integer",
+        'agents = ["expert"]\n[[envs]]\nid = "example/GuessNumber-v0"\nsplits = ["train"]\n': "has no split 'train'",
+        'agents = ["expert"]\n[[envs]]\nfamily = "NoSuchFamily"\n': "no env of family 'NoSuchFamily'",
+        'agents = []\nenvs = ["example/GuessNumber-v0"]\n': "agents must be a list",
+        'agents = [{ name = "x" }]\nenvs = ["example/GuessNumber-v0"]\n': "give a name",
+        'agents = ["random", { name = "random", agent = "expert" }]\nenvs = ["example/GuessNumber-v0"]\n': "same name",
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\ncontext = "window:0"\n': "context policy",
+        'agents = ["expert"\n': "not valid TOML",
+    }
+    for text, message in cases.items():
+        path = tmp_path / "c.toml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=".*" + message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+            load_config(path)
+    path = tmp_path / "c.toml"
+    path.write_text('agents = ["expert"]\nenvs = ["example/GuessNumbr-v0"]\n')
+    with pytest.raises(KeyError, match="did you mean example/GuessNumber-v0"):
+        load_config(path)
+
+
+def test_cli_yaml_config_resume_guard_and_restart(tmp_path, capsys):
+    config = tmp_path / "b.yaml"
+    config.write_text("name: yaml-run\nagents: [expert]\nepisodes: 3\nenvs:\n  - id: example/GuessNumber-v0\n")
+    out = tmp_path / "run"
+    assert main(["bench", str(config), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "| guess | test | expert | 3 | 100.0 |" in printed
+    assert (out / "report.html").exists()
+    # Another plan in the same folder is refused with the fix; --restart starts it over.
+    config.write_text("name: yaml-run\nagents: [expert]\nepisodes: 4\nenvs:\n  - id: example/GuessNumber-v0\n")
+    assert main(["bench", str(config), "--out", str(out), "--quiet"]) == 2
+    assert "pass --restart" in capsys.readouterr().err
+    assert main(["bench", str(config), "--out", str(out), "--quiet", "--restart"]) == 0
+    assert len(load_episodes(out / "episodes.jsonl")) == 4
+    # `report` rebuilds results and the page from the folder alone.
+    (out / "results.json").unlink()
+    (out / "report.html").unlink()
+    assert main(["report", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["results"][0]["episodes"] == 4
+    assert (out / "report.html").exists()

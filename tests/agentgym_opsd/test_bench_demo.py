@@ -1,0 +1,52 @@
+"""The main job (`make demo`), in its quick size: every stage runs and the report holds each part."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from agentgym_opsd.episode import load_episodes
+
+
+def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
+    pytest.importorskip("trainer.local", reason="the demo trains with the local trainer (trainer/local.py), absent here")
+    from agentgym_opsd.demo import run_demo
+
+    out = tmp_path / "demo"
+    report = run_demo(out, quick=True, progress=False)
+    assert report == out / "report.html"
+    assert f"report: {report}" in capsys.readouterr().out
+
+    # Benchmark: expert, random and the tiny policy on the six ALFWorld subsets and on Search-QA.
+    results = json.loads((out / "results.json").read_text())["results"]
+    cells = {(r["agent"], r["subset"]): r for r in results}
+    subsets = {"pick", "look", "clean", "heat", "cool", "picktwo", "synthetic"}
+    assert set(cells) == {(a, s) for a in ("expert", "random", "tiny policy") for s in subsets}
+    assert cells[("expert", "synthetic")]["success_rate"] == 1.0
+    expert = sum(cells[("expert", s)]["success_rate"] for s in subsets) / len(subsets)
+    chance = sum(cells[("random", s)]["success_rate"] for s in subsets) / len(subsets)
+    assert expert > 0.5 and expert > chance
+    assert all(r["errors"] == 0 for r in results)
+    tiny = [e for e in load_episodes(out / "episodes.jsonl") if e.agent == "tiny policy"]
+    assert tiny and all(e.meta["agent_spec"].startswith("hf:") for e in tiny)
+
+    # Training: GRPO and StepOPSD from one warm start, with the last update's credit recorded.
+    for method in ("grpo", "stepopsd"):
+        rows = [json.loads(line) for line in (out / "training" / method / "metrics.jsonl").read_text().splitlines()]
+        assert any(r.get("kind") == "train" for r in rows)
+    credit = [json.loads(line) for line in (out / "training" / "stepopsd" / "credit.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in credit} == {"stepopsd", "agentopsd"}
+    assert all(0 < t["belief"] < 1 for r in credit if r["method"] == "agentopsd" for t in r["turns"])
+
+    # One report with the tables, the charts, both training runs and the credit of their turns.
+    page = report.read_text()
+    assert page.count("<h3>ALFWorld</h3>") == 1 and page.count("<h3>SearchQA</h3>") == 1
+    assert len(re.findall(r'<img alt="ALFWorld-', page)) == 6
+    assert "<td class=agent>grpo</td>" in page and "<td class=agent>stepopsd</td>" in page
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S).group(1))
+    trained = [e for e in data["episodes"] if e["source"] == "train:stepopsd"]
+    assert trained and all(set(e["credit"]) == {"stepopsd", "agentopsd"} for e in trained)
+    timings = json.loads((out / "demo.json").read_text())["stage_seconds"]
+    assert list(timings) == ["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD", "benchmark", "report"]

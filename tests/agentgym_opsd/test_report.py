@@ -1,0 +1,193 @@
+"""The HTML report: credit records, the page's content, and a render in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import agentgym_opsd
+from agentgym_opsd.bench import config_from_dict, run_bench
+from agentgym_opsd.episode import load_episodes, save_episodes
+from agentgym_opsd.io import append_jsonl
+from agentgym_opsd.report import check_credit, credit_record, write_report
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGINS = [REPO / "tests" / "data" / "example_plugin", REPO / "tests" / "data" / "bench_plugin"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
+EVIL = "</script><script>document.title='pwned'</script><!-- & <b>bold</b>"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bench_envs():
+    """The Tally test envs, registered through their entry point."""
+    if str(PLUGINS[1]) not in sys.path:
+        sys.path.insert(0, str(PLUGINS[1]))
+    agentgym_opsd.load_plugins(reload=True)
+
+
+def _tokens(text: str) -> list[str]:
+    """Split an action block into token-like pieces (tags, words with their leading space)."""
+    return re.findall(r"</?\w+>|\s*[^\s<]+|\s+", text)
+
+
+def _stepopsd(advantage: float, gaps: list[float], alpha: float = 0.2) -> list[float]:
+    """StepOPSD token weights w_t = clip(2 sigma(sign(A) delta_t), 1 - alpha, 1 + alpha)."""
+    sign = 1.0 if advantage >= 0 else -1.0
+    return [min(1 + alpha, max(1 - alpha, 2 / (1 + math.exp(-sign * g)))) for g in gaps]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A bench run (Tally, expert and random) plus a training folder whose episodes carry credit:
+    StepOPSD token weights in Episode.meta, AgentOPSD beliefs in a credit.jsonl."""
+    run = tmp_path_factory.mktemp("report") / "run"
+    config = config_from_dict({"name": "report-test", "agents": ["expert", "random"], "episodes": 6, "envs": [{"family": "Tally"}]})
+    run_bench(config, run, progress=False, report=False)
+    episodes = [e for e in load_episodes(run / "episodes.jsonl") if e.agent == "random" and e.num_turns >= 3][:4]
+    assert len(episodes) >= 2
+    episodes[0].turns[0].observation = EVIL  # text from an env is shown as text, never as markup
+    records = []
+    for n, episode in enumerate(episodes):
+        advantage = 0.9 if episode.success else -0.7
+        spans, tokens, gaps = [], [], []
+        for k, turn in enumerate(episode.turns):
+            start, end = turn.step.action_span
+            pieces = _tokens(turn.response[start:end])
+            deltas = [math.sin(1.3 * i + k + n) * 1.5 for i in range(len(pieces))]
+            spans.append([start, end])
+            tokens.append(list(zip(pieces, _stepopsd(advantage, deltas), deltas, strict=True)))
+            gaps.append(sum(deltas))
+        episode.meta["credit"] = {
+            "stepopsd": credit_record(advantage=advantage, turns=episode.num_turns, gap=gaps, spans=spans, tokens=tokens, update=n)
+        }
+        belief, beliefs, deltas_b = 0.5, [], []
+        for g in gaps:
+            new = 1 / (1 + math.exp(-(math.log(belief / (1 - belief)) + 0.3 * g)))
+            beliefs.append(new)
+            deltas_b.append(new - belief)
+            belief = new
+        records.append(
+            {
+                "episode_id": episode.episode_id,
+                "method": "agentopsd",
+                **credit_record(advantage=advantage, turns=episode.num_turns, gap=gaps, belief=beliefs, belief_delta=deltas_b, weight=[1 + 0.1 * d for d in deltas_b]),
+            }
+        )
+    method_dir = run / "training" / "stepopsd"
+    save_episodes(method_dir / "episodes.jsonl", episodes)
+    append_jsonl(method_dir / "credit.jsonl", records)
+    for method, slope in (("grpo", 0.03), ("stepopsd", 0.05)):
+        append_jsonl(run / "training" / method / "metrics.jsonl", [{"update": u, "success_rate": 0.3 + slope * u, "loss": 1.0 / (u + 1)} for u in range(6)])
+    write_report(run)
+    return run
+
+
+def _payload(page: str) -> dict:
+    match = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
+    assert match, "the page has no data block"
+    return json.loads(match.group(1))
+
+
+def test_credit_records_are_checked():
+    good = credit_record(advantage=0.5, turns=2, gap=[0.1, None], tokens=[[("go", 1.1, 0.2)], None])
+    assert good["turns"][0] == {"gap": 0.1, "tokens": [["go", 1.1, 0.2]]} and good["turns"][1] == {}
+    with pytest.raises(ValueError, match="gap has 1 entries for 2 turns"):
+        credit_record(advantage=0.5, turns=2, gap=[0.1])
+    with pytest.raises(ValueError, match=r"turns\[0\].gap: not finite"):
+        check_credit({"advantage": 1.0, "turns": [{"gap": float("nan")}]})
+    with pytest.raises(ValueError, match="unknown field"):
+        check_credit({"advantage": 1.0, "turns": [{"gapp": 1.0}]})
+    with pytest.raises(ValueError, match=r"tokens\[0\]: expected \[text, weight, gap\]"):
+        check_credit({"advantage": 1.0, "turns": [{"tokens": [[1.0, "go"]]}]})
+    with pytest.raises(ValueError, match="3 entries for an episode of 2 turns"):
+        check_credit({"advantage": 1.0, "turns": [{}, {}, {}]}, num_turns=2)
+
+
+def test_report_holds_tables_training_and_credit(run_dir):
+    page = (run_dir / "report.html").read_text()
+    results = json.loads((run_dir / "results.json").read_text())
+    for row in results["results"]:
+        assert f"<td>{row['subset']}</td><td>test</td><td class=agent>{row['agent']}</td><td class=num>6</td>" in page
+        assert f"<b>{100 * row['success_rate']:.1f}</b>" in page
+    assert page.count('<img alt="Tally-') == 2  # the per-subset charts, inlined
+    assert 'alt="training curves"' in page and "success rate (first &rarr; last)" in page
+    assert not re.search(r'(src|href)="(https?:)?//|url\(\s*["\']?https?:|@import', page)  # self-contained
+    data = _payload(page)
+    trained = [e for e in data["episodes"] if e["source"] == "train:stepopsd"]
+    assert len(trained) >= 2
+    for e in trained:
+        assert set(e["credit"]) == {"stepopsd", "agentopsd"}  # meta and credit.jsonl merged
+        for turn, credit in zip(e["turns"], e["credit"]["stepopsd"]["turns"], strict=True):
+            start, end = credit["span"]
+            assert "".join(t[0] for t in credit["tokens"]) == turn["response"][start:end]
+            assert all(0.8 <= t[1] <= 1.2 for t in credit["tokens"])
+        assert all(0 < t["belief"] < 1 for t in e["credit"]["agentopsd"]["turns"])
+    assert trained[0]["turns"][0]["observation"] == EVIL
+    assert EVIL not in page  # only its escaped form is in the page
+    bench = [e for e in data["episodes"] if e["source"] == "bench"]
+    assert {e["agent"] for e in bench} == {"expert", "random"}
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("needs a headless Chromium (Debian: apt-get update && apt-get install -y chromium; .ci/run installs it)")
+
+
+def test_report_renders_in_headless_chromium(run_dir, tmp_path):
+    chromium = _chromium()
+    page = run_dir / "report.html"
+    profile = tmp_path / "profile"
+    common = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,2400"]
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    # The viewer ran: it opened an episode with credit and drew the heat map over its action tokens.
+    data = _payload(page.read_text())
+    first = next(e for e in data["episodes"] if e["credit"].get("stepopsd"))
+    expected_tokens = sum(len(t["tokens"]) for t in first["credit"]["stepopsd"]["turns"])
+    heat = []
+    for attrs in re.findall(r'<span class="tok"([^>]*)>', html):
+        colour = re.search(r"background: ?rgba\((\d+), ?(\d+), ?(\d+), ?([\d.]+)\)", attrs)
+        weight = re.search(r'title="w=([\d.]+)', attrs)
+        assert colour and weight, attrs
+        heat.append((*colour.groups(), weight.group(1)))
+    assert len(heat) == expected_tokens
+    colours = {(int(r), int(g), int(b)) for r, g, b, _, _ in heat}
+    assert colours == {(31, 138, 76), (194, 65, 45)}  # weights both above and below 1
+    for r, g, b, _, weight in heat:  # green above 1, red below
+        assert (float(weight) >= 1) == ((int(r), int(g), int(b)) == (31, 138, 76)) or abs(float(weight) - 1) < 1e-3
+    by_distance = sorted((abs(float(w) - 1), float(a)) for *_, a, w in heat)
+    assert all(a1 <= a2 + 1e-3 for (_, a1), (_, a2) in zip(by_distance, by_distance[1:]))  # stronger further from 1
+    assert by_distance[0][1] < 0.2 and by_distance[-1][1] == pytest.approx(0.85)
+    assert "<h3>Tally</h3>" in html and 'class="results"' in html and "credit-chart" in html
+    assert "pwned" not in html.split("<main>")[0]  # the title was not rewritten by env text
+    shot = tmp_path / "report.png"
+    result = subprocess.run([*common, f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (1400, 2400)
+    keep = os.environ.get("AGENTGYM_REPORT_SCREENSHOT")
+    if keep:  # to look at it: AGENTGYM_REPORT_SCREENSHOT=/tmp/report.png pytest ...
+        shutil.copy(shot, keep)
