@@ -82,7 +82,7 @@ class _Recorder(ExpertAgent):
 
 def test_a_worker_killed_while_idle_costs_no_finished_episode() -> None:
     """SIGKILL a worker right after its episode finished (between episodes, as the OOM killer may):
-    the finished episode stays whole, and every later episode still gets played."""
+    the finished episode stays whole, and no later episode is lost for it."""
     agent = _Recorder()
     killed: list[int] = []
 
@@ -95,11 +95,9 @@ def test_a_worker_killed_while_idle_costs_no_finished_episode() -> None:
     episodes = run_episodes(EchoEnv, agent, [EpisodeRequest(seed=s) for s in range(6)], workers=2, step_timeout=10.0,
                             progress=False, start_method="fork", on_episode=on_episode)  # fmt: skip
     assert len(killed) == 1 and len(episodes) == 6
-    errored = [e for e in episodes if e.error]
-    assert all(e.success for e in episodes if not e.error)
-    # At most the one episode handed to the dead worker before the death was noticed is lost, with the reason.
-    assert len(errored) <= 1, [(e.episode_id, e.error) for e in errored]
-    assert all("worker process died" in e.error for e in errored)
+    # The dead worker had no episode: it is replaced before the next one starts, which is played in full.
+    assert [e.error for e in episodes] == [None] * 6
+    assert all(e.success for e in episodes)
 
 
 def test_a_frozen_worker_costs_its_episode_within_the_timeout() -> None:
