@@ -25,6 +25,7 @@ __all__ = [
     "read_jsonl_numbered",
     "parse_json",
     "read_json_file",
+    "read_config_file",
     "atomic_directory",
     "DataFileError",
 ]
@@ -89,6 +90,64 @@ def read_json_file(path: str | os.PathLike[str]) -> Any:
     except IsADirectoryError:
         raise DataFileError(f"{path}: is a folder, not a JSON file") from None
     return parse_json(raw, path)
+
+
+def read_config_file(path: str | os.PathLike[str], kind: str | None = None) -> Any:
+    """The content of a TOML, YAML or JSON config file (`kind` "toml", "yaml" or "json"; default:
+    from the suffix). A missing or malformed file raises `DataFileError` naming the file and the
+    line; YAML is read with `safe_load` (no object tags)."""
+    path = Path(path)
+    kind = kind or {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}.get(path.suffix.lower())
+    if kind not in ("toml", "yaml", "json"):
+        raise DataFileError(f"{path}: a config file is .toml, .yaml, .yml or .json")
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise DataFileError(f"{path}: is a folder, not a config file") from None
+    if kind == "json":
+        return parse_json(raw, path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataFileError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+
+    def line_where(test: Any) -> int:
+        return next((i for i, row in enumerate(text.split("\n"), 1) if test(row)), 1)
+
+    try:
+        if kind == "toml":
+            import tomllib
+
+            try:
+                return tomllib.loads(text)
+            except tomllib.TOMLDecodeError as e:
+                at = re.search(r"at line (\d+)", str(e))
+                raise DataFileError(f"{path}:{at.group(1) if at else 1}: invalid TOML: {str(e).split(' (at ')[0]}") from None
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+            if mark is not None:
+                line = mark.line + 1
+            elif isinstance(getattr(e, "position", None), int):  # a ReaderError: a character YAML refuses
+                line = text.count("\n", 0, e.position) + 1
+            else:
+                line = 1
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise DataFileError(f"{path}:{line}: invalid YAML: {problem}") from None
+    except RecursionError:
+        line = line_where(lambda row: row.count("[") + row.count("{") > 100)
+        raise DataFileError(f"{path}:{line}: invalid {kind.upper()}: brackets nested too deeply") from None
+    except ValueError as e:  # an integer past Python's digit limit
+        if isinstance(e, DataFileError):
+            raise
+        line = line_where(lambda row: sum(c.isdigit() for c in row) > 4000)
+        raise DataFileError(f"{path}:{line}: invalid {kind.upper()}: {str(e).split(';')[0]}") from None
 
 
 def _fsync_dir(path: Path) -> None:

@@ -34,7 +34,11 @@ FUZZ = settings(
 )
 PLACE = re.compile(r":\d+\b|\bline \d+|\brecord \d+")
 WHOLE_FILE = re.compile(r": (catalog \S+: )?(no questions in the file|no products|expected a mapping with sections rollout, credit, teacher)$")  # errors about no line in particular
-CONFIG_KEY = re.compile(r"^: (rollout|credit|teacher|unknown section)")  # a config value error names its section
+# A config whose syntax is fine but a value is wrong names the setting instead of a line.
+CONFIG_KEY = re.compile(
+    r"^: (rollout|credit|teacher|unknown section|agents?\b|envs(\[\d+\])?|seeds|episodes|workers|num_envs|step_timeout|context|"
+    r"unknown setting|two agents|an env id|the config must be)"
+)
 
 HAZARDS = [b"\xff\xfe", b"\xc3", b"\x00", b"[" * 20_000, b"9" * 5000, b'{"', b"}", b'"', b"\n", b",", b"\\"]
 
@@ -133,6 +137,37 @@ teacher:
 """
 
 
+def _bench_config(path: Path):
+    from agentgym_opsd.bench import load_config
+
+    return load_config(path)
+
+
+BENCH_TOML = b"""# a bench config
+name = "fuzz"
+agents = ["expert", "random"]
+seeds = [0, 1]
+episodes = 3
+workers = 0
+
+[[envs]]
+id = "example/GuessNumber-v0"
+splits = ["test"]
+options = { high = 20 }
+"""
+
+BENCH_YAML = b"""# a bench config
+name: fuzz
+agents: [expert, random]
+seeds: [0, 1]
+episodes: 3
+envs:
+  - id: example/GuessNumber-v0
+    splits: [test]
+    options: {high: 20}
+"""
+
+
 LOADERS: dict[str, tuple[str, Callable[[Path], object]]] = {
     # name: (file name, loader); the file's clean content comes from `clean_files`.
     "searchqa-nq": ("nq.jsonl", _load_questions),
@@ -145,6 +180,8 @@ LOADERS: dict[str, tuple[str, Callable[[Path], object]]] = {
     "webshop-documents": ("products_10_documents.jsonl", _webshop_items),
     "alfworld-game": ("game.tw-pddl", _alfworld_game),
     "openrlhf-bridge-config": ("bridge.yaml", _bridge_config),
+    "bench-config-toml": ("bench.toml", _bench_config),
+    "bench-config-yaml": ("bench.yaml", _bench_config),
     "episodes": ("episodes.jsonl", _load_episodes),
     "jsonl": ("episodes.jsonl", _load_jsonl),
 }
@@ -167,6 +204,8 @@ def clean_files(shared_data, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         "products_10_documents.jsonl": _first_lines(webshop / "products_100_documents.jsonl", 10),
         "episodes.jsonl": _episodes_jsonl(),
         "bridge.yaml": BRIDGE_YAML,
+        "bench.toml": BENCH_TOML,
+        "bench.yaml": BENCH_YAML,
         "game.tw-pddl": next((shared_data("alfworld") / "json_2.1.1").rglob("game.tw-pddl")).read_bytes(),
     }
     folder = tmp_path_factory.mktemp("clean")
@@ -178,9 +217,10 @@ def clean_files(shared_data, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from environments.alfworld.engine import GameFileError
     from environments.webshop.catalog import CatalogError
+    from agentgym_opsd.bench import ConfigError as BenchConfigError
     from trainer.openrlhf.config import ConfigError
 
-    return (DataFileError, CatalogError, GameFileError, ConfigError)
+    return (DataFileError, CatalogError, GameFileError, ConfigError, BenchConfigError)
 
 
 @pytest.mark.parametrize("loader", list(LOADERS))

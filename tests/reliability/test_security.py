@@ -141,3 +141,37 @@ def test_config_paths_are_not_followed_outside_their_root(tmp_path: Path) -> Non
                                     "catalog": "qa", "split": "../x"}, root, "cfg")  # fmt: skip
     assert options == {"data_file": str((root / "qa" / "nq.jsonl").resolve()), "server_url": "http://127.0.0.1:8000",
                        "topk": 3, "catalog": str((root / "qa").resolve()), "split": "../x"}  # fmt: skip
+
+
+def test_bench_configs_keep_their_data_paths_inside_the_data_root(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from agentgym_opsd.bench import ConfigError, load_config
+    from agentgym_opsd.cli import main as cli_main
+
+    root = tmp_path / "project"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "nq.jsonl").write_text('{"question": "q?", "answer": ["a"]}\n')
+    (tmp_path / "private.jsonl").write_text('{"question": "secret?", "answer": ["s"]}\n')
+
+    def config(data_file: str, name: str = "bench.toml") -> Path:
+        path = root / name
+        path.write_text(
+            'agents = ["expert"]\n[[envs]]\nid = "agentgym/SearchQA-NQ-v0"\nsplits = ["test"]\n'
+            f'options = {{ data_file = "{data_file}", server_url = "http://127.0.0.1:9" }}\n'
+        )
+        return path
+
+    # Relative to the config's folder by default, resolved to an absolute path.
+    loaded = load_config(config("data/nq.jsonl"))
+    assert loaded.envs[0].options["data_file"] == str((root / "data" / "nq.jsonl").resolve())
+    assert loaded.envs[0].options["server_url"] == "http://127.0.0.1:9"  # not a path: untouched
+    (root / "data" / "escape.jsonl").symlink_to(tmp_path / "private.jsonl")
+    for escape in ("../private.jsonl", str(tmp_path / "private.jsonl"), "data/escape.jsonl", "data/../../private.jsonl"):
+        with pytest.raises(ConfigError, match=r"bench.toml: envs\[1\]: options\.data_file: .* outside the data root"):
+            load_config(config(escape))
+    # A wider root is the user's choice, on the command line (never in the config itself); paths are
+    # then relative to it.
+    assert load_config(config("private.jsonl"), data_root=tmp_path).envs[0].options["data_file"] == str((tmp_path / "private.jsonl").resolve())
+    assert cli_main(["bench", str(config("../private.jsonl")), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "outside the data root" in err and "--data-root" in err
+    assert not (tmp_path / "run" / "episodes.jsonl").exists()  # refused before anything ran

@@ -189,42 +189,13 @@ class BridgeConfig:
 
 def load_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The raw sections of a YAML or JSON bridge config file (ConfigError when unreadable)."""
+    from agentgym_opsd.io import DataFileError, read_config_file
+
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as e:  # JSONDecodeError, and integers past the digit limit
-            raise ConfigError(f"{path}:{getattr(e, 'lineno', 1)}: invalid JSON: {e}") from None
-    else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-            if mark is not None:
-                where = f"{path}:{mark.line + 1}"
-            elif isinstance(getattr(e, "position", None), int):  # a ReaderError: a character YAML refuses
-                where = f"{path}:{text.count(chr(10), 0, e.position) + 1}"
-            else:
-                where = str(path)
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(f"{where}: invalid YAML: {problem}") from None
-        except RecursionError:
-            deep = next((i for i, row in enumerate(text.split("\n"), 1) if row.count("[") + row.count("{") > 100), 1)
-            raise ConfigError(f"{path}:{deep}: invalid YAML: brackets nested too deeply") from None
-        except ValueError as e:  # an integer past Python's digit limit
-            long = next((i for i, row in enumerate(text.split("\n"), 1) if sum(c.isdigit() for c in row) > 4000), 1)
-            raise ConfigError(f"{path}:{long}: invalid YAML: {str(e).split(';')[0]}") from None
+        data = read_config_file(path, "json" if path.suffix.lower() == ".json" else "yaml")
+    except DataFileError as e:  # names the file and the line
+        raise ConfigError(str(e)) from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with sections rollout, credit, teacher")
     return dict(data or {})
