@@ -9,6 +9,7 @@ through `atomic_directory`).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import signal
 import subprocess
@@ -164,6 +165,60 @@ def test_sigkill_during_jsonl_appends_loses_no_finished_record(tmp_path: Path) -
     append_jsonl(path, [{"i": len(records), "after": "restart"}])
     again = [r["i"] for r in read_jsonl(path, skip_torn_lines=True)]
     assert again == list(range(len(records) + 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# The local trainer's real checkpoint code.
+
+TRAINER = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = [".", "tests/trainer"]
+    import test_local_train as t  # registers trainertest/Parity-v0, a two-turn env
+    from trainer.local import LocalTrainer
+    out, steps, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "resume"
+    cfg = t.config(out, steps=steps, save_every=1, tiny_hidden=256, tiny_layers=2, sft_episodes=0, eval_episodes=0)
+    LocalTrainer(cfg, resume=resume, progress=False).run()
+    """
+)
+
+
+def test_sigkill_during_a_trainer_checkpoint_save_leaves_a_resumable_run(tmp_path: Path) -> None:
+    """Train a tiny Qwen3 (24 MB checkpoints: model, optimizer, teacher, reference, RNG states), SIGKILL the
+    process while a checkpoint is being written (its temporary file exists), then: the checkpoint on disk
+    loads with torch.load(weights_only=True) and `--resume` finishes the run from it."""
+    pytest.importorskip("trainer.local", reason="the local trainer (trainer/local.py) is not on this branch")
+    import torch
+
+    out = tmp_path / "run"
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(out), "500", "new"], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint.pt").exists():  # the first checkpoint (before any update)
+            assert trainer.poll() is None and time.monotonic() < deadline, trainer.stderr.read()[-2000:] if trainer.poll() is not None else "no checkpoint"
+            time.sleep(0.01)
+        saves_seen = 0
+        while saves_seen < 3:  # let a few updates pass, then kill during the next save
+            assert trainer.poll() is None and time.monotonic() < deadline, "the trainer stopped or stalled"
+            if any(out.glob(".checkpoint.pt.*.tmp")):
+                saves_seen += 1
+                while any(out.glob(".checkpoint.pt.*.tmp")) and saves_seen < 3:
+                    time.sleep(0.001)
+            time.sleep(0.0005)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(10)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == -signal.SIGKILL
+    state = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=True)
+    step = int(state["step"])
+    assert step >= 1 and state["model"] and state["optimizer"]["state"]
+    resumed = subprocess.run([sys.executable, "-c", TRAINER, str(out), str(step + 1), "resume"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "report.json").read_text())["steps"] == step + 1
+    assert (out / "model" / "config.json").exists()
 
 
 # ------------------------------------------------------------------------------------------------
