@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:  # reliability_fuzz.py (shared hypothesis strategies) is imported by name
+    sys.path.insert(0, HERE)
 
 
 def _import_benchmark(name: str):

@@ -13,25 +13,19 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agentgym_opsd.io import DataFileError
+from reliability_fuzz import fuzz_settings
 
-EXAMPLES = int(os.environ.get("AGENTGYM_FUZZ_EXAMPLES", "40"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+FUZZ = fuzz_settings(40)
 PLACE = re.compile(r":\d+\b|\bline \d+|\brecord \d+")
 WHOLE_FILE = re.compile(r": (catalog \S+: )?(no questions in the file|no products|expected a mapping with sections rollout, credit, teacher)$")  # errors about no line in particular
 # A config whose syntax is fine but a value is wrong names the setting instead of a line.

@@ -10,28 +10,21 @@ the env's own action forms with junk arguments. Every step must return a well-fo
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import agentgym_opsd
 from agentgym_opsd.core import StepInfo
 from agentgym_opsd.parsing import ACTION_TAGS, parse_action
 from agentgym_opsd.registry import registered_envs
+from reliability_fuzz import ANY_TEXT, fuzz_settings
 
 STEP_SECONDS = 5.0  # generous on a loaded 2-core machine; a hang or a backtracking regex takes far longer
-EXAMPLES = int(os.environ.get("AGENTGYM_FUZZ_EXAMPLES", "60"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # a failure is reported as found: no minutes of shrinking
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = fuzz_settings(60)
 
-ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
 TAGS = [f"<{t}>" for t in (*ACTION_TAGS, "think")] + [f"</{t}>" for t in (*ACTION_TAGS, "think")]
 TOKENS = st.sampled_from(
     TAGS + ["<ACTION>", "</Action>", "< action>", "<action x=1>", "<", ">", "</", "search[", "click[", "[", "]",

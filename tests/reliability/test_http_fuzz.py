@@ -10,34 +10,16 @@ AGENTGYM_FUZZ_EXAMPLES=N runs N examples per fuzz test instead of 120 (for a lon
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import requests
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
+from reliability_fuzz import ANY_TEXT, JSON_VALUES, fuzz_settings, json_bytes
 from retrieval_index.process import RetrievalServer
 
-# No shrinking phase: a failure is reported as found (with its seed) instead of minutes of shrinking
-# against a live server; the examples are short enough to read as they are.
-FUZZ = settings(
-    max_examples=int(os.environ.get("AGENTGYM_FUZZ_EXAMPLES", "120")),
-    deadline=None,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-
-# Text with every code point class, lone surrogates included (what a buggy client may send).
-ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=60)
-JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | ANY_TEXT
-JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(ANY_TEXT, inner, max_size=5), max_leaves=20)
-
-
-def _dumps(obj) -> bytes:
-    # ensure_ascii escapes lone surrogates as \udXXX (valid JSON text, invalid Unicode once decoded).
-    return json.dumps(obj).encode("ascii")
-
+FUZZ = fuzz_settings(120)
 
 ALMOST_RIGHT = st.fixed_dictionaries(
     {},
@@ -47,9 +29,9 @@ ALMOST_RIGHT = st.fixed_dictionaries(
         "return_scores": st.booleans() | JSON_VALUES,
         "extra": JSON_VALUES,
     },
-).map(_dumps)
+).map(json_bytes)
 
-BODIES = st.binary(max_size=300) | JSON_VALUES.map(_dumps) | ALMOST_RIGHT
+BODIES = st.binary(max_size=300) | JSON_VALUES.map(json_bytes) | ALMOST_RIGHT
 
 
 def _check(response: requests.Response, sent: bytes | None = None, method: str = "POST") -> None:

@@ -5,31 +5,22 @@ Qwen3 with the real Qwen3 tokenizer and chat template.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import requests
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
+
+from reliability_fuzz import ANY_TEXT, JSON_VALUES, fuzz_settings, json_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO.parent / "shared" / "data" / "tokenizers" / "qwen3"
 
-EXAMPLES = int(os.environ.get("AGENTGYM_FUZZ_EXAMPLES", "80"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+FUZZ = fuzz_settings(80)
 
-ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
-JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | ANY_TEXT
-JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(ANY_TEXT, inner, max_size=4), max_leaves=12)
 MESSAGE = st.fixed_dictionaries(
     {},
     optional={"role": st.sampled_from(["system", "user", "assistant", "tool", "", "USER"]) | JSON_VALUES, "content": ANY_TEXT | JSON_VALUES, "name": ANY_TEXT},
@@ -51,11 +42,9 @@ CHAT = st.fixed_dictionaries(
 )
 
 
-def _dumps(obj) -> bytes:
-    return json.dumps(obj).encode("ascii")
 
 
-BODIES = st.binary(max_size=200) | JSON_VALUES.map(_dumps) | CHAT.map(_dumps)
+BODIES = st.binary(max_size=200) | JSON_VALUES.map(json_bytes) | CHAT.map(json_bytes)
 
 
 @pytest.fixture(scope="module")
