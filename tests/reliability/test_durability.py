@@ -86,6 +86,7 @@ def _read_until(process: subprocess.Popen[str], prefix: str, timeout: float = 60
 def _kill(process: subprocess.Popen[str]) -> list[str]:
     process.send_signal(signal.SIGKILL)
     rest = process.stdout.read().split()  # type: ignore[union-attr]
+    process.stdout.close()  # type: ignore[union-attr]
     process.wait(10)
     assert process.returncode == -signal.SIGKILL
     return rest
@@ -210,6 +211,7 @@ def test_sigkill_during_a_trainer_checkpoint_save_leaves_a_resumable_run(tmp_pat
         trainer.wait(10)
     finally:
         trainer.kill()
+        trainer.stderr.close()  # type: ignore[union-attr]
     assert trainer.returncode == -signal.SIGKILL
     state = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=True)
     step = int(state["step"])

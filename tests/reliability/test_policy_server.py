@@ -88,6 +88,9 @@ def policy_server(tiny_model: Path):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def test_serve_policy_listens_on_loopback_by_default(policy_server, assert_listens_on_loopback_only) -> None:
