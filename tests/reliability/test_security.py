@@ -36,6 +36,7 @@ def test_the_retrieval_server_listens_on_loopback_by_default(wiki_index: Path, t
     finally:
         server.kill()
         server.wait(10)
+        server.stdout.close()
 
 
 def test_server_helpers_and_commands_default_to_loopback(retrieval_server, assert_listens_on_loopback_only) -> None:
