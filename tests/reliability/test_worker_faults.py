@@ -8,58 +8,38 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from agentgym_opsd import EpisodeRequest, Hindsight, TextEnv, Transition, hash_state, run_episodes
+import agentgym_opsd
+from agentgym_opsd import EpisodeRequest, run_episodes
 from agentgym_opsd.agents import ExpertAgent
 
 workers = pytest.importorskip("agentgym_opsd.workers", reason="the env worker pool (agentgym_opsd.workers) is not on this branch")
 
 
-class EchoEnv(TextEnv):
-    """Task i: say `done` twice. Task 1's reset hangs when `hang_reset` is set."""
+# Workers start from the fork server (a picklable factory), as in the bench: forking this process,
+# which runs a JVM for other tests, could hang them.
+TALLY = "benchtest/Tally-Small-v0"  # tests/data/bench_plugin: task i reaches a small target in 2-3 turns
+BENCH_PLUGIN = Path(__file__).resolve().parents[1] / "data" / "bench_plugin"
 
-    instructions = "Answer <action>done</action> until the env says it is over."
-    max_turns = 6
 
-    def __init__(self, hang_reset: bool = False, **kwargs):
-        super().__init__(**kwargs)
-        self.hang_reset = hang_reset
-        self.index, self.left = 0, 0
-
-    @property
-    def num_tasks(self) -> int:
-        return 6
-
-    def _load_task(self, index, options):
-        if self.hang_reset and index == 1:
-            time.sleep(120)
-        self.index, self.left = index, 2
-        self.task_id, self.task_type = f"echo-{index}", "echo"
-        return "Say done twice."
-
-    def _apply(self, action):
-        if action.content != "done":
-            return Transition("Say done.", admissible=False)
-        self.left -= 1
-        return Transition(f"{self.left} to go.", reward=float(self.left == 0), terminated=self.left == 0, admissible=True)
-
-    def state_key(self):
-        return hash_state(self.index, self.left)
-
-    def hindsight(self):
-        return Hindsight(self.left == 0, float(self.left == 0), "say done twice", {})
-
-    def expert_action(self):
-        return self.format_action("done")
+@pytest.fixture(scope="module", autouse=True)
+def tally_env():
+    """The Tally test env, registered through its entry point (as tests/agentgym_opsd/test_bench.py does)."""
+    if str(BENCH_PLUGIN) not in sys.path:
+        sys.path.insert(0, str(BENCH_PLUGIN))
+    agentgym_opsd.load_plugins(reload=True)
 
 
 def test_a_hung_reset_costs_its_episode_within_the_timeout() -> None:
     started = time.monotonic()
-    episodes = run_episodes(lambda: EchoEnv(hang_reset=True), ExpertAgent(), [EpisodeRequest(seed=s) for s in range(6)],
-                            workers=2, step_timeout=2.0, progress=False, start_method="fork")  # fmt: skip
+    make = workers.EnvFactory(TALLY, {"reset_delay": 120.0, "slow_tasks": (1,)})
+    episodes = run_episodes(make, ExpertAgent(), [EpisodeRequest(seed=s) for s in range(6)], workers=2, step_timeout=2.0,
+                            progress=False)  # fmt: skip
     elapsed = time.monotonic() - started
     by_seed = {e.seed: e for e in episodes}  # an episode that never started has no id yet, but its seed
     assert len(episodes) == 6
@@ -92,8 +72,8 @@ def test_a_worker_killed_while_idle_costs_no_finished_episode() -> None:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
-    episodes = run_episodes(EchoEnv, agent, [EpisodeRequest(seed=s) for s in range(6)], workers=2, step_timeout=10.0,
-                            progress=False, start_method="fork", on_episode=on_episode)  # fmt: skip
+    episodes = run_episodes(workers.EnvFactory(TALLY, {}), agent, [EpisodeRequest(seed=s) for s in range(6)], workers=2,
+                            step_timeout=10.0, progress=False, on_episode=on_episode)  # fmt: skip
     assert len(killed) == 1 and len(episodes) == 6
     # The dead worker had no episode: it is replaced before the next one starts, which is played in full.
     assert [e.error for e in episodes] == [None] * 6
@@ -107,18 +87,18 @@ def test_a_frozen_worker_costs_its_episode_within_the_timeout() -> None:
     class Freezer(ExpertAgent):
         def act(self, messages, info, env):
             step = info["step"]
-            if step.episode_id == "echo-2@2" and step.turn == 1 and not frozen:
+            if step.episode_id == "tally-small-2@2" and step.turn == 1 and not frozen:
                 frozen.append(env.worker_pid)
                 os.kill(env.worker_pid, signal.SIGSTOP)
             return super().act(messages, info, env)
 
     started = time.monotonic()
-    episodes = run_episodes(EchoEnv, Freezer(), [EpisodeRequest(seed=s) for s in range(6)], workers=2, step_timeout=2.0,
-                            progress=False, start_method="fork")  # fmt: skip
+    episodes = run_episodes(workers.EnvFactory(TALLY, {}), Freezer(), [EpisodeRequest(seed=s) for s in range(6)], workers=2,
+                            step_timeout=2.0, progress=False)  # fmt: skip
     elapsed = time.monotonic() - started
     by_id = {e.episode_id: e for e in episodes}
-    assert frozen and "timed out" in (by_id["echo-2@2"].error or "")
-    assert all(e.success for e in episodes if e.episode_id != "echo-2@2")
+    assert frozen and "timed out" in (by_id["tally-small-2@2"].error or "")
+    assert all(e.success for e in episodes if e.episode_id != "tally-small-2@2")
     assert elapsed < 40
     with pytest.raises(ProcessLookupError):  # the frozen process was killed, not left behind
         for _ in range(50):
