@@ -18,6 +18,11 @@ The config is TOML (`.toml`) or YAML (`.yaml`/`.yml`):
     episodes = 10                      # overrides the top-level count
     options = { max_turns = 30 }       # keywords for gymnasium.make
 
+Data paths among the options (`data_file`, `catalog`, `index_dir`, ...) are relative to the data root,
+the config's folder unless `agentgym-opsd bench --data-root DIR` says otherwise, and may not lead
+outside it (`..`, absolute paths and symbolic links elsewhere are refused): a config from someone
+else reads only what it was given.
+
 `envs` may also be a list of ids. `family` stands for the family's per-subset ids (an id whose subset
 is `all` is used only when the family has no other).
 
@@ -126,27 +131,14 @@ _ENV_KEYS = {"id", "family", "splits", "split", "episodes", "options"}
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            import yaml
+    from agentgym_opsd.io import DataFileError, read_config_file
 
-            data = yaml.safe_load(text)
-        else:
-            raise ConfigError(f"{path}: a bench config is a .toml, .yaml or .yml file")
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    except ImportError:
-        raise
-    except Exception as e:  # yaml's errors
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if path.suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigError(f"{path}: a bench config is a .toml, .yaml or .yml file")
+    try:
+        data = read_config_file(path)
+    except DataFileError as e:  # names the file and the line
+        raise ConfigError(str(e)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the config must be a table of settings")
     return data
@@ -160,8 +152,15 @@ def _episodes(value: Any, where: str) -> int | str:
     return value
 
 
-def config_from_dict(data: dict[str, Any], where: str = "config") -> BenchConfig:
-    """Check and normalise a config table (see the module docstring)."""
+def config_from_dict(data: dict[str, Any], where: str = "config", *, data_root: str | Path | None = None) -> BenchConfig:
+    """Check and normalise a config table (see the module docstring).
+
+    Args:
+        data_root: when given (configs read from files), path-valued env options (`data_file`,
+            `index_dir`, `catalog`, ...; see `agentgym_opsd.paths.is_path_option`) are resolved
+            against it and must stay inside it: `..`, absolute paths and symbolic links that lead
+            elsewhere are refused with a ConfigError.
+    """
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
@@ -205,7 +204,10 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> BenchConfig
             raise ConfigError(f"{here}: give exactly one of id and family")
         if "id" in item:
             ids = [str(item["id"])]
-            entry(ids[0])  # UnknownEnvError names the closest ids
+            try:
+                entry(ids[0])
+            except KeyError as e:  # UnknownEnvError names the closest ids
+                raise ConfigError(f"{here}: {e}") from None
         else:
             members = [e for e in registered_envs() if e.family == item["family"]]
             # A family's subset ids; an id that plays all subsets at once is left out when the
@@ -220,6 +222,13 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> BenchConfig
         options = item.get("options", {})
         if not isinstance(options, dict):
             raise ConfigError(f"{here}: options must be a table of keywords")
+        if data_root is not None:
+            from agentgym_opsd.paths import PathOutsideRoot, contain_path_options
+
+            try:
+                options = contain_path_options(options, data_root, f"{here}: options")
+            except PathOutsideRoot as e:
+                raise ConfigError(str(e)) from None
         count = _episodes(item.get("episodes", default_episodes), f"{here}: episodes")
         for env_id in ids:
             known = entry(env_id).splits
@@ -258,10 +267,11 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> BenchConfig
     )
 
 
-def load_config(path: str | Path) -> BenchConfig:
-    """Read and check a bench config file."""
+def load_config(path: str | Path, *, data_root: str | Path | None = None) -> BenchConfig:
+    """Read and check a bench config file. Its data paths (env options such as `data_file`) are
+    relative to `data_root` and may not lead outside it; the default root is the config's folder."""
     path = Path(path)
-    return config_from_dict(_read(path), str(path))
+    return config_from_dict(_read(path), str(path), data_root=path.parent if data_root is None else data_root)
 
 
 # ---------------------------------------------------------------------------------------------

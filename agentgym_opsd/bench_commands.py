@@ -27,7 +27,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from agentgym_opsd.bench import ConfigError, load_config, run_bench
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, data_root=args.data_root)
     except ConfigError as e:
         raise _cli_error(str(e)) from None
     if args.workers is not None:
@@ -58,6 +58,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run folder (default runs/<config name>)")
     p.add_argument("--restart", action="store_true", help="discard the folder's episodes and start over")
     p.add_argument("--workers", type=int, help="env worker processes (overrides the config; 0: in-process)")
+    p.add_argument("--data-root", help="folder the config's data paths (data_file, catalog, index_dir, ...) are read "
+                                       "from and may not leave (default: the config's folder)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_bench)

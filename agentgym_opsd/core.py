@@ -212,6 +212,10 @@ class TextEnv(gym.Env[str, str]):
         allow_bare_action: accept a bare one-line command (for scripted agents and people).
         max_turns: turns before the episode is truncated.
         max_response_chars: longer turns are parsed only up to this many characters.
+
+    A turn is parsed as valid Unicode: lone surrogates (U+D800 to U+DFFF, which no tokenizer
+    produces but a buggy client may send) read as `?`, one character each, so spans still index the
+    raw turn and no action text reaches a search engine or a server that would refuse it.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
@@ -355,7 +359,10 @@ class TextEnv(gym.Env[str, str]):
             raise TypeError(f"a TextEnv action is the agent's turn as a str, got {type(action).__name__}")
         if self.done:
             raise gym.error.ResetNeeded("the episode is over; call reset() before step()")
-        parsed = self.parse_action(action[: self.max_response_chars])
+        response = action[: self.max_response_chars]
+        if not response.isascii():
+            response = response.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?"
+        parsed = self.parse_action(response)
         self.turn += 1
         if parsed.ok:
             transition = self._apply(parsed)

@@ -9,16 +9,145 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "append_jsonl", "read_jsonl", "read_jsonl_numbered", "DataFileError"]
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "append_jsonl",
+    "read_jsonl",
+    "read_jsonl_numbered",
+    "parse_json",
+    "read_json_file",
+    "read_config_file",
+    "atomic_directory",
+    "DataFileError",
+]
 
 
 class DataFileError(ValueError):
     """A data or result file could not be read; the message names the file and line."""
+
+
+def parse_json(raw: bytes, path: str | os.PathLike[str], *, line: int = 1) -> Any:
+    """`json.loads` of `raw` (a whole file, or one line of a JSONL file that starts at line `line`).
+
+    Every way a corrupt file can fail (not UTF-8, not JSON, nested past Python's recursion limit,
+    an integer past its digit limit) raises `DataFileError("{path}:{line}: invalid JSON: {reason}")`
+    with the line where the problem is.
+    """
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        at, reason = raw.count(b"\n", 0, e.start), f"not UTF-8 ({e.reason} at byte {e.start})"
+    except json.JSONDecodeError as e:
+        at, reason = e.lineno - 1, f"{e.msg} (column {e.colno})"
+    except RecursionError:
+        at, reason = _deep_nesting_line(raw), "arrays or objects nested too deeply"
+    except ValueError as e:  # an integer literal past Python's digit limit (sys.get_int_max_str_digits)
+        digits = re.search(rb"\d{4000,}", raw)
+        at, reason = (raw.count(b"\n", 0, digits.start()) if digits else 0), str(e).split(";")[0]
+    raise DataFileError(f"{path}:{line + at}: invalid JSON: {reason}")
+
+
+def _deep_nesting_line(raw: bytes, limit: int = 500) -> int:
+    """The 0-based line where brackets (outside strings) first nest deeper than `limit`."""
+    depth, in_string, escaped, newlines = 0, False, False, 0
+    for byte in raw:
+        if byte == 0x0A:
+            newlines += 1
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return newlines
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return 0
+
+
+def read_json_file(path: str | os.PathLike[str]) -> Any:
+    """Read a whole JSON file; a missing or corrupt file raises `DataFileError` naming the file (and line)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataFileError(f"{path}: is a folder, not a JSON file") from None
+    return parse_json(raw, path)
+
+
+def read_config_file(path: str | os.PathLike[str], kind: str | None = None) -> Any:
+    """The content of a TOML, YAML or JSON config file (`kind` "toml", "yaml" or "json"; default:
+    from the suffix). A missing or malformed file raises `DataFileError` naming the file and the
+    line; YAML is read with `safe_load` (no object tags)."""
+    path = Path(path)
+    kind = kind or {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}.get(path.suffix.lower())
+    if kind not in ("toml", "yaml", "json"):
+        raise DataFileError(f"{path}: a config file is .toml, .yaml, .yml or .json")
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise DataFileError(f"{path}: is a folder, not a config file") from None
+    if kind == "json":
+        return parse_json(raw, path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataFileError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+
+    def line_where(test: Any) -> int:
+        return next((i for i, row in enumerate(text.split("\n"), 1) if test(row)), 1)
+
+    try:
+        if kind == "toml":
+            import tomllib
+
+            try:
+                return tomllib.loads(text)
+            except tomllib.TOMLDecodeError as e:
+                at = re.search(r"at line (\d+)", str(e))
+                raise DataFileError(f"{path}:{at.group(1) if at else 1}: invalid TOML: {str(e).split(' (at ')[0]}") from None
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+            if mark is not None:
+                line = mark.line + 1
+            elif isinstance(getattr(e, "position", None), int):  # a ReaderError: a character YAML refuses
+                line = text.count("\n", 0, e.position) + 1
+            else:
+                line = 1
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise DataFileError(f"{path}:{line}: invalid YAML: {problem}") from None
+    except RecursionError:
+        line = line_where(lambda row: row.count("[") + row.count("{") > 100)
+        raise DataFileError(f"{path}:{line}: invalid {kind.upper()}: brackets nested too deeply") from None
+    except ValueError as e:  # an integer past Python's digit limit
+        if isinstance(e, DataFileError):
+            raise
+        line = line_where(lambda row: sum(c.isdigit() for c in row) > 4000)
+        raise DataFileError(f"{path}:{line}: invalid {kind.upper()}: {str(e).split(';')[0]}") from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -52,6 +181,43 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             pass
         raise
     _fsync_dir(path.parent)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Fill a folder that appears whole or not at all: `with atomic_directory(out) as tmp: model.save_pretrained(tmp)`.
+
+    The body writes into a hidden temporary folder beside `path`; on success its files are fsynced
+    and it replaces `path` (an older `path` is renamed aside first and removed after). A crash leaves
+    the old folder (or, in the instant between the two renames, the old one under a hidden name
+    beside it and no `path`), never a half-written one; an exception removes the temporary folder.
+    """
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        for folder, _, files in os.walk(tmp):
+            for name in files:
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            _fsync_dir(Path(folder))
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{os.getpid()}"
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -108,12 +274,13 @@ def read_jsonl_numbered(
         if not line.strip():
             continue
         try:
-            obj = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            obj = parse_json(line, path, line=number)
+        except DataFileError as e:
             if skip_torn_lines:
                 continue
-            where = "truncated last line" if number - 1 == last else "invalid JSON"
-            raise DataFileError(f"{path}:{number}: {where}: {e}") from None
+            if number - 1 == last:
+                raise DataFileError(str(e).replace(": invalid JSON:", ": truncated last line:", 1)) from None
+            raise
         if not isinstance(obj, dict):
             raise DataFileError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
         yield number, obj

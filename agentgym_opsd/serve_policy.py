@@ -195,7 +195,10 @@ def create_app(generator: Any, *, name: str, max_new_tokens: int = 512) -> Any:
 
     @app.post("/v1/chat/completions")
     def chat_completions() -> Any:
-        body = request.get_json(silent=True)
+        try:
+            body = request.get_json(silent=True)
+        except RecursionError:  # `silent` covers malformed JSON, not nesting past Python's recursion limit
+            raise _BadRequest("the body is JSON nested too deeply to read") from None
         if not isinstance(body, dict):
             raise _BadRequest("the body must be a JSON object")
         model = body.get("model", name)

@@ -484,10 +484,21 @@ class WorkerEnv(EnvHandle):
         raise EnvFailure(value)
 
     def reset_async(self, seed: int, options: dict[str, Any]) -> None:
+        self._reset_request = (seed, options)
         self._send("reset", seed, options, self.prefetch)
 
     def reset_wait(self) -> tuple[str, dict[str, Any]]:
-        result, self._prefetched = self._wait(self.step_timeout)
+        try:
+            result, self._prefetched = self._wait(self.step_timeout)
+        except EnvFailure as e:
+            # A worker found dead at reset died before this episode played anything (killed while
+            # idle between episodes, e.g. by the OOM killer): replace it and reset once more, so an
+            # episode is not lost for a death that was not its own. A second death is reported.
+            if not str(e).startswith("worker process died"):
+                raise
+            self.restart()
+            self._send("reset", *self._reset_request, self.prefetch)
+            result, self._prefetched = self._wait(self.step_timeout)
         return result
 
     def step_async(self, response: str) -> None:

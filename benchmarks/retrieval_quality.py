@@ -101,9 +101,14 @@ def plot(results: dict, path: Path) -> None:
     b.set(title="Supporting-passage recall@k", xlabel="k", ylabel="share", ylim=(0, 1))
     b.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    import io
+
+    from agentgym_opsd.io import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())  # a result file: complete or absent
 
 
 def main() -> int:

@@ -11,13 +11,12 @@ This module is light (stdlib only): the env and the client import `split_title` 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentgym_opsd.io import DataFileError
+from agentgym_opsd.io import DataFileError, parse_json
 
 __all__ = ["Hit", "CorpusRecord", "normalize_record", "iter_corpus", "split_title", "join_title"]
 
@@ -93,10 +92,7 @@ def iter_corpus(source: str | os.PathLike[str] | Iterable[dict[str, Any]]) -> It
                 read += len(line)
                 if not line.strip():
                     continue
-                try:
-                    obj = json.loads(line)
-                except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                    raise DataFileError(f"{path}:{number}: invalid JSON: {e}") from None
+                obj = parse_json(line, path, line=number)
                 yield normalize_record(obj, f"{path}:{number}"), read
     else:
         for number, obj in enumerate(source, start=1):

@@ -168,7 +168,9 @@ def parse_retrieve_request(body: bytes, limits: ServerLimits) -> tuple[list[str]
     """Check a /retrieve body; return (queries, topk, return_scores) or raise `BadRequest`."""
     try:
         payload = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise BadRequest("the body is JSON nested too deeply to read; send {\"queries\": [\"...\"], \"topk\": 3}") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, and integers past Python's digit limit
         raise BadRequest(f"the body is not valid JSON ({e}); send {{\"queries\": [\"...\"], \"topk\": 3}}") from None
     if not isinstance(payload, dict):
         raise BadRequest(f"the body must be a JSON object, got {type(payload).__name__}")

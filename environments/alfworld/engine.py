@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.io import DataFileError, parse_json
 from environments.alfworld.paths import alfworld_package_dir, cache_root, import_alfworld
 
 __all__ = [
@@ -124,11 +125,15 @@ def read_game_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a `game.tw-pddl` file, with a clear error when it is not one."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise GameFileError(f"{path}: no such game file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GameFileError(f"{path}: not a game.tw-pddl JSON file ({e})") from None
+    try:
+        data = parse_json(raw, path)
+    except DataFileError as e:  # names the file and the line
+        raise GameFileError(str(e).replace(": invalid JSON: ", ": not a game.tw-pddl JSON file: ", 1)) from None
+    if not isinstance(data, dict):
+        raise GameFileError(f"{path}:1: a game file is a JSON object, got {type(data).__name__}")
     missing = [k for k in ("pddl_domain", "grammar", "pddl_problem") if not isinstance(data.get(k), str)]
     if missing:
         raise GameFileError(f"{path}: game file lacks {', '.join(missing)}")

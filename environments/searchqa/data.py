@@ -19,14 +19,13 @@ A bad file raises `DataFileError` naming the file and the line (or the record of
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.io import DataFileError
+from agentgym_opsd.io import DataFileError, parse_json
 from agentgym_opsd.paths import cache_dir
 from environments.searchqa import DATASETS
 
@@ -175,7 +174,7 @@ def _example(record: Any, fmt: str, index: int, dataset: str | None, where: str)
         if "supporting_facts" in meta and "context" in meta:
             kwargs["supporting"] = _supporting(meta, where)
     elif fmt == "nq_open":
-        answers = _strings(record["answer"], where, "answer")
+        answers = _strings(record.get("answer"), where, "answer")
     elif fmt == "triviaqa":
         answer = record.get("answer")
         if isinstance(answer, dict):
@@ -183,7 +182,7 @@ def _example(record: Any, fmt: str, index: int, dataset: str | None, where: str)
         else:
             answers = _strings([answer] + list(record.get("aliases") or []) if isinstance(answer, str) else record.get("aliases"), where, "aliases")
     else:  # hotpotqa
-        answers = _strings(record["answer"], where, "answer")
+        answers = _strings(record.get("answer"), where, "answer")
         kwargs["question_type"] = str(record.get("type") or "factoid")
         if record.get("level"):
             kwargs["level"] = str(record["level"])
@@ -205,12 +204,7 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         raise DataFileError(f"{path}: is a folder, not a question file") from None
     head = raw.lstrip()[:1]
     if head == b"[":
-        try:
-            items = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise DataFileError(f"{path}: not UTF-8 ({e})") from None
-        except json.JSONDecodeError as e:
-            raise DataFileError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+        items = parse_json(raw, path)
         for i, item in enumerate(items):
             yield f"{path}: record {i + 1}", item
         return
@@ -219,10 +213,12 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         if not line.strip():
             continue
         try:
-            yield f"{path}:{number}", json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            kind = "truncated last line" if number == len(lines) else "invalid JSON"
-            raise DataFileError(f"{path}:{number}: {kind}: {e}") from None
+            record = parse_json(line, path, line=number)
+        except DataFileError as e:
+            if number == len(lines):
+                raise DataFileError(str(e).replace(": invalid JSON:", ": truncated last line:", 1)) from None
+            raise
+        yield f"{path}:{number}", record
 
 
 @functools.lru_cache(maxsize=32)

@@ -26,7 +26,6 @@ in every process and on every machine.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from collections.abc import Iterable, Mapping
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.io import DataFileError, parse_json, read_json_file
 
 __all__ = [
     "Product",
@@ -228,33 +228,30 @@ def product_from_processed(product: Mapping[str, Any], attributes: Mapping[str, 
 
 
 def _read_json(path: Path) -> Any:
+    if not path.exists():
+        raise CatalogError(f"{path}: no such file (pass the path of a WebShop data file)")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CatalogError(f"{path}: no such file (pass the path of a WebShop data file)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CatalogError(f"{path}: not valid JSON ({e})") from None
+        return read_json_file(path)
+    except DataFileError as e:  # names the file and the line
+        raise CatalogError(str(e)) from None
 
 
 def _read_documents(path: Path) -> list[dict[str, Any]]:
     records = []
     try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise CatalogError(f"{path}:{number}: not valid JSON ({e})") from None
-                if not isinstance(obj, dict) or not isinstance(obj.get("product"), dict):
-                    raise CatalogError(
-                        f"{path}:{number}: expected a WebShop document {{'id', 'contents', 'product'}}"
-                    )
-                records.append(obj)
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise CatalogError(f"{path}: no such file (pass the path of a WebShop documents.jsonl)") from None
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = parse_json(line, path, line=number)
+        except DataFileError as e:
+            raise CatalogError(str(e)) from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("product"), dict):
+            raise CatalogError(f"{path}:{number}: expected a WebShop document {{'id', 'contents', 'product'}}")
+        records.append(obj)
     return records
 
 
@@ -381,7 +378,10 @@ class Catalog:
                 continue
             seen.add(asin)
             ins = attributes.get(asin)
-            product = product_from_processed(record, ins) if processed else product_from_raw(record, ins)
+            try:
+                product = product_from_processed(record, ins) if processed else product_from_raw(record, ins)
+            except (TypeError, ValueError, AttributeError, KeyError) as e:  # a field of the wrong type
+                raise CatalogError(f"catalog {name}: record {i} ({asin}) is malformed ({type(e).__name__}: {e})") from None
             products.append(product)
             if ins and ins.get("instruction"):
                 synthetic_ins[asin] = (str(ins["instruction"]), tuple(_as_list(ins.get("instruction_attributes"))))
@@ -431,11 +431,14 @@ class Catalog:
             if not isinstance(records, list):
                 raise CatalogError(f"{items_path}: expected a JSON list of WebShop items")
             processed = False
-        return cls.from_records(
-            items_path.stem,
-            records,
-            processed=processed,
-            attributes=attributes_map,
-            human=human_map,
-            num_products=num_products,
-        )
+        try:
+            return cls.from_records(
+                items_path.stem,
+                records,
+                processed=processed,
+                attributes=attributes_map,
+                human=human_map,
+                num_products=num_products,
+            )
+        except CatalogError as e:  # name the file the bad record came from
+            raise CatalogError(f"{items_path}: {e}") from None

@@ -183,7 +183,7 @@ def test_config_errors_name_the_problem(tmp_path):
         'agents = [{ name = "x" }]\nenvs = ["example/GuessNumber-v0"]\n': "give a name",
         'agents = ["random", { name = "random", agent = "expert" }]\nenvs = ["example/GuessNumber-v0"]\n': "same name",
         'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\ncontext = "window:0"\n': "context policy",
-        'agents = ["expert"\n': "not valid TOML",
+        'agents = ["expert"\n': "c.toml:1: invalid TOML",
     }
     for text, message in cases.items():
         path = tmp_path / "c.toml"
@@ -192,7 +192,7 @@ def test_config_errors_name_the_problem(tmp_path):
             load_config(path)
     path = tmp_path / "c.toml"
     path.write_text('agents = ["expert"]\nenvs = ["example/GuessNumbr-v0"]\n')
-    with pytest.raises(KeyError, match="did you mean example/GuessNumber-v0"):
+    with pytest.raises(ConfigError, match=r"c.toml: envs\[1\]: .*did you mean example/GuessNumber-v0"):
         load_config(path)
 
 

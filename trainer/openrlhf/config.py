@@ -63,7 +63,10 @@ def _build(cls, data: Any, where: str):
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
-    return cls(**data)
+    try:
+        return cls(**data)
+    except (TypeError, ValueError) as e:  # a value of the wrong type or range: name the file and the section
+        raise ConfigError(f"{where}: {e}") from None
 
 
 @dataclass
@@ -186,23 +189,13 @@ class BridgeConfig:
 
 def load_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The raw sections of a YAML or JSON bridge config file (ConfigError when unreadable)."""
+    from agentgym_opsd.io import DataFileError, read_config_file
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: invalid JSON: {e}") from None
-    else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
+        data = read_config_file(path, "json" if path.suffix.lower() == ".json" else "yaml")
+    except DataFileError as e:  # names the file and the line
+        raise ConfigError(str(e)) from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with sections rollout, credit, teacher")
     return dict(data or {})

@@ -75,7 +75,7 @@ def test_read_game_file_errors_name_the_file(tmp_path: Path) -> None:
         read_game_file(tmp_path / "missing.tw-pddl")
     bad = tmp_path / "bad.tw-pddl"
     bad.write_text("{not json")
-    with pytest.raises(GameFileError, match="bad.tw-pddl: not a game.tw-pddl JSON"):
+    with pytest.raises(GameFileError, match="bad.tw-pddl:1: not a game.tw-pddl JSON"):
         read_game_file(bad)
     partial = tmp_path / "partial.tw-pddl"
     partial.write_text(json.dumps({"pddl_domain": "x"}))

@@ -68,7 +68,7 @@ def test_bad_files_raise_catalog_errors(tmp_path):
     with pytest.raises(CatalogError, match="no such file"):
         Catalog.from_files(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(CatalogError, match="not valid JSON"):
+    with pytest.raises(CatalogError, match="bad.json:1: invalid JSON"):
         Catalog.from_files(tmp_path / "bad.json")
     (tmp_path / "docs.jsonl").write_text('{"id": "x"}\n')
     with pytest.raises(CatalogError, match="docs.jsonl:1"):

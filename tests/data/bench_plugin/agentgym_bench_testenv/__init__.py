@@ -4,7 +4,8 @@ declares `[agentgym_opsd.envs] benchtest = agentgym_bench_testenv:register`).
 `Tally`: task i asks for a target sum; each `add N` (N in 1..3) adds to the tally; the episode ends
 when the tally reaches the target (success) or passes it (failure). Two subsets, `small` and
 `large` targets. Options: `delay` (seconds each step sleeps: a slow service), `work` (seconds each
-step computes: a CPU-bound env). The expert always adds what is left, up to 3.
+step computes: a CPU-bound env), `reset_delay` and `slow_tasks` (seconds the reset of each task in
+`slow_tasks` sleeps: a reset that hangs). The expert always adds what is left, up to 3.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ class TallyEnv(TextEnv):
     )
     max_turns = 12
 
-    def __init__(self, subset: str = "small", tasks: int = 30, delay: float = 0.0, work: float = 0.0, **kwargs):
+    def __init__(self, subset: str = "small", tasks: int = 30, delay: float = 0.0, work: float = 0.0,
+                 reset_delay: float = 0.0, slow_tasks: tuple[int, ...] = (), **kwargs):  # fmt: skip
         super().__init__(**kwargs)
+        self.reset_delay, self.slow_tasks = float(reset_delay), tuple(slow_tasks)
         if subset not in ("small", "large"):
             raise ValueError(f"subset must be small or large, got {subset!r}")
         self.subset, self.tasks, self.delay, self.work = subset, int(tasks), float(delay), float(work)
@@ -33,6 +36,8 @@ class TallyEnv(TextEnv):
         return self.tasks
 
     def _load_task(self, index, options):
+        if index in self.slow_tasks:
+            time.sleep(self.reset_delay)
         self.target = (3 + index % 5) if self.subset == "small" else (9 + index % 7)
         self.total = 0
         self.task_id, self.task_type = f"tally-{self.subset}-{index}", self.subset
