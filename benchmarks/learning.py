@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     from agentgym_opsd.cli import parse_options
     from trainer.local import LocalTrainer, TrainConfig
     from trainer.plots import plot_comparison
+    from agentgym_opsd.io import atomic_write_json, atomic_write_text
 
     agentgym_opsd.load_plugins()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -142,8 +143,7 @@ def main(argv=None) -> int:
     lines.append(f"SFT warm start {sft_seconds:.0f}s; total wall time {wall:.0f}s ({wall / 60:.1f} min)")
     table = "\n".join(lines)
     print(table)
-    (out / "learning.txt").write_text(table + "\n")
-    from agentgym_opsd.io import atomic_write_json
+    atomic_write_text(out / "learning.txt", table + "\n")
 
     atomic_write_json(out / "learning.json", {"args": vars(args), "sft": sft_report, "results": results,
                                               "wall_seconds": wall})

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 import agentgym_opsd
 from agentgym_opsd.agents import ExpertAgent
 from agentgym_opsd.episode import Episode, load_episodes, save_episodes
-from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text, append_jsonl, read_jsonl_numbered
+from agentgym_opsd.io import atomic_directory, atomic_write_bytes, atomic_write_json, atomic_write_text, append_jsonl, read_jsonl_numbered
 from agentgym_opsd.policy_agents import HFPolicyAgent
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
@@ -298,6 +298,17 @@ def sampling_consistency(rows, episode_index: Sequence[int], samples: dict, old_
 # ---------------------------------------------------------------------------------------------
 
 
+def _numpy_state_to_safe(state: tuple) -> tuple:
+    """numpy's legacy RNG state with its key array as a tensor (loadable with weights_only=True)."""
+    name, key, pos, has_gauss, gauss = state
+    return (name, torch.from_numpy(np.asarray(key, dtype=np.int64)), int(pos), int(has_gauss), float(gauss))
+
+
+def _numpy_state_from_safe(state: tuple) -> tuple:
+    name, key, pos, has_gauss, gauss = state
+    return (name, key.numpy().astype(np.uint32), pos, has_gauss, gauss)
+
+
 class LocalTrainer:
     """A training run in `config.out` (see the module docstring)."""
 
@@ -367,8 +378,9 @@ class LocalTrainer:
             device=cfg.device, dtype=cfg.dtype, tiny=spec,
         )
         if cfg.model == "tiny":  # the tokenizer (perhaps trained just now) and architecture, for resume and eval
-            self.model.save_pretrained(self.out / "init")
-            self.tokenizer.save_pretrained(self.out / "init")
+            with atomic_directory(self.out / "init") as tmp:
+                self.model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
         self._make_optimizer(cfg.lr)
 
     def _tokenizer_corpus(self) -> list[str]:
@@ -432,9 +444,9 @@ class LocalTrainer:
     def finish(self) -> dict[str, Any]:
         from trainer.plots import plot_run
 
-        export = self.out / "model"
-        self.model.save_pretrained(export)
-        self.tokenizer.save_pretrained(export)
+        with atomic_directory(self.out / "model") as tmp:  # `hf:OUT/model` is whole or absent
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
         evals = [r for _, r in read_jsonl_numbered(self.out / "metrics.jsonl") if r.get("kind") == "eval"]
         report = {
             "env_id": self.config.env_id,
@@ -846,7 +858,7 @@ class LocalTrainer:
             "rng": {
                 "trainer": self.rng.bit_generator.state,
                 "python": random.getstate(),
-                "numpy": np.random.get_state(),
+                "numpy": _numpy_state_to_safe(np.random.get_state()),
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                 "rollout_agent": self._rollout_agent.state_dict() if self._agent is not None else None,
@@ -857,7 +869,8 @@ class LocalTrainer:
         atomic_write_bytes(self.out / CHECKPOINT, buffer.getvalue())
 
     def _load_run(self) -> None:
-        state = torch.load(self.out / CHECKPOINT, map_location="cpu", weights_only=False)
+        # weights_only: a checkpoint holds tensors, numbers and strings only (no pickled objects)
+        state = torch.load(self.out / CHECKPOINT, map_location="cpu", weights_only=True)
         saved = TrainConfig.from_dict(state["config"])
         changed = {k for k, v in saved.to_dict().items() if getattr(self.config, k) != v} - _RESUMABLE_CHANGES
         if changed:
@@ -885,7 +898,7 @@ class LocalTrainer:
         rng = state["rng"]
         self.rng.bit_generator.state = rng["trainer"]
         random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
+        np.random.set_state(_numpy_state_from_safe(rng["numpy"]))
         torch.set_rng_state(rng["torch"])
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
