@@ -80,16 +80,21 @@ def _deep_nesting_line(raw: bytes, limit: int = 500) -> int:
     return 0
 
 
-def read_json_file(path: str | os.PathLike[str]) -> Any:
-    """Read a whole JSON file; a missing or corrupt file raises `DataFileError` naming the file (and line)."""
+def read_file_bytes(path: str | os.PathLike[str], what: str = "file") -> bytes:
+    """A whole file's bytes; a missing path or a folder raises `DataFileError` naming it
+    (`what` says what was expected there: "JSON file", "config file", ...)."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise DataFileError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise DataFileError(f"{path}: is a folder, not a JSON file") from None
-    return parse_json(raw, path)
+        raise DataFileError(f"{path}: is a folder, not a {what}") from None
+
+
+def read_json_file(path: str | os.PathLike[str]) -> Any:
+    """Read a whole JSON file; a missing or corrupt file raises `DataFileError` naming the file (and line)."""
+    return parse_json(read_file_bytes(path, "JSON file"), Path(path))
 
 
 def read_config_file(path: str | os.PathLike[str], kind: str | None = None) -> Any:
@@ -100,12 +105,7 @@ def read_config_file(path: str | os.PathLike[str], kind: str | None = None) -> A
     kind = kind or {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}.get(path.suffix.lower())
     if kind not in ("toml", "yaml", "json"):
         raise DataFileError(f"{path}: a config file is .toml, .yaml, .yml or .json")
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DataFileError(f"{path}: no such config file") from None
-    except IsADirectoryError:
-        raise DataFileError(f"{path}: is a folder, not a config file") from None
+    raw = read_file_bytes(path, "config file")
     if kind == "json":
         return parse_json(raw, path)
     try:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.io import DataFileError, parse_json
+from agentgym_opsd.io import DataFileError, parse_json, read_file_bytes
 from agentgym_opsd.paths import cache_dir
 from environments.searchqa import DATASETS
 
@@ -196,12 +196,7 @@ def _example(record: Any, fmt: str, index: int, dataset: str | None, where: str)
 
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
     """`(where, record)` of a JSONL file or a JSON list file."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DataFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DataFileError(f"{path}: is a folder, not a question file") from None
+    raw = read_file_bytes(path, "question file")
     head = raw.lstrip()[:1]
     if head == b"[":
         items = parse_json(raw, path)
