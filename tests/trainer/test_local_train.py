@@ -157,7 +157,7 @@ class Killed(Exception):
 def test_a_killed_and_resumed_run_equals_an_unbroken_one(tmp_path, method) -> None:
     """Killed in the middle of update 3 (after its rollout), then resumed from the update-2
     checkpoint: model, optimizer, teacher snapshot, KL reference, RNG and metrics all match."""
-    changes = dict(method=method, steps=4, kl_coef=0.05, eval_episodes=4, eval_every=2,
+    changes = dict(method=method, steps=4, kl_coef=0.05, eval_episodes=4, eval_every=2, mini_batches=2,
                    sft_episodes=4, sft_epochs=1, credit={"teacher_refresh": 3}, save_every=1)
     unbroken = LocalTrainer(config(tmp_path / "a", **changes), progress=False)
     unbroken.run()
@@ -190,6 +190,8 @@ def test_a_killed_and_resumed_run_equals_an_unbroken_one(tmp_path, method) -> No
                 for r in read_jsonl(path)]
 
     assert stable(tmp_path / "a" / "metrics.jsonl") == stable(tmp_path / "b" / "metrics.jsonl")
+    updates = [r for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if "optimizer_steps" in r]
+    assert len(updates) == 4 and all(r["optimizer_steps"] == 2 for r in updates)  # two mini-batches each
     a_eps = (tmp_path / "a" / "episodes" / "update_00004.jsonl").read_text()
     assert a_eps == (tmp_path / "b" / "episodes" / "update_00004.jsonl").read_text()
 
