@@ -55,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tasks-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr-schedule", default="linear", choices=("constant", "linear"))
     ap.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per batch of rollouts")
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--eval-episodes", type=int, default=100)
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         config = TrainConfig(
             out=str(out / method), method=method, model=str(sft_dir / "model"), steps=args.steps,
-            tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr, mini_batches=args.mini_batches, eval_every=args.eval_every,
+            tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr, lr_schedule=args.lr_schedule, mini_batches=args.mini_batches, eval_every=args.eval_every,
             credit=parse_options(args.credit), save_every=5, **common,
         )
         resume = (out / method / "checkpoint.pt").exists()

@@ -76,6 +76,8 @@ class TrainConfig:
         steps, tasks_per_step, group_size: updates, and T tasks x G episodes per update.
         lr, weight_decay, max_grad_norm, clip_eps, kl_coef, ppo_epochs, mini_batches, micro_batch_tokens:
             the update (ppo_epochs x mini_batches optimizer steps per batch of rollouts).
+        lr_schedule: "constant", or "linear": update k of `steps` uses lr x (steps - k + 1) / steps
+            (a function of the update number alone, so a resumed run uses the same rates).
         temperature, max_new_tokens: sampling during rollouts.
         (the teacher, `live` policy or `stale` snapshot refreshed every N updates, is set in `credit`:
         teacher_mode, teacher_refresh)
@@ -111,6 +113,7 @@ class TrainConfig:
     tasks_per_step: int = 4
     group_size: int = 4
     lr: float = 3e-4
+    lr_schedule: str = "constant"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     clip_eps: float = 0.2
@@ -132,6 +135,8 @@ class TrainConfig:
     def validate(self) -> None:
         if self.method not in METHODS:
             raise TrainError(f"--method {self.method!r}: use one of {', '.join(METHODS)}")
+        if self.lr_schedule not in ("constant", "linear"):
+            raise TrainError(f"--lr-schedule {self.lr_schedule!r}: use constant or linear")
         for name in ("steps", "sft_episodes", "eval_episodes"):
             if getattr(self, name) < 0:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 0")
@@ -708,6 +713,13 @@ class LocalTrainer:
         advantages, diagnostics = compute_advantages(batch, credit, self.step)
         return advantages, diagnostics, extra
 
+    def learning_rate(self, update: int) -> float:
+        """The RL learning rate of update number `update` (1-based)."""
+        cfg = self.config
+        if cfg.lr_schedule == "linear" and cfg.steps > 0:
+            return cfg.lr * max(0.0, cfg.steps - update + 1) / cfg.steps
+        return cfg.lr
+
     def update(self, rows, old_logp: torch.Tensor, advantages: torch.Tensor, ref_logp: torch.Tensor | None) -> dict[str, float]:
         """`ppo_epochs` passes over the batch, each split into `mini_batches` random mini-batches of rows;
         each mini-batch is one optimizer step (its micro-batches accumulate gradients; the loss is the
@@ -719,6 +731,9 @@ class LocalTrainer:
             return {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "ratio_mean": 1.0,
                     "entropy": 0.0, "optimizer_steps": 0, "update/tokens": 0, "update/tokens_per_s": 0.0}
         started = time.perf_counter()
+        lr = self.learning_rate(self.step + 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         totals = dict.fromkeys(("pg", "kl", "clipped", "ratio", "entropy", "tokens", "grad_norm"), 0.0)
         steps = 0
         shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
@@ -767,6 +782,7 @@ class LocalTrainer:
             "entropy": totals["entropy"] / n,
             "grad_norm": totals["grad_norm"] / max(1, steps),
             "optimizer_steps": steps,
+            "lr": lr,
         }
         processed = int(totals["tokens"])
         n_tokens = int(mask_all.sum())

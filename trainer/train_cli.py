@@ -64,6 +64,7 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--clip-eps", type=float, help="PPO ratio clip (default 0.2)")
     g.add_argument("--kl-coef", type=float, help="KL to the initial policy (default 0: off)")
     g.add_argument("--ppo-epochs", type=int, help="passes over each batch (default 1)")
+    g.add_argument("--lr-schedule", choices=("constant", "linear"), help="RL learning rate: constant, or linear decay to lr/steps at the last update (default constant)")
     g.add_argument("--mini-batches", type=int, help="optimizer steps per pass, on random row subsets (default 1)")
     g.add_argument("--micro-batch-tokens", type=int, help="padded tokens per micro-batch (default 16384)")
     g.add_argument("--temperature", type=float, help="sampling temperature of rollouts (default 1.0)")

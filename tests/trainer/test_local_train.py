@@ -300,3 +300,15 @@ def test_sft_with_detours_trains_only_on_the_experts_turns(tmp_path) -> None:
     assert done["sft/detour_turns"] > 0 and 0 < done["sft/generated_tokens"] < generated
     losses = [r["sft/loss"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "sft"]
     assert len(losses) == 2 and losses[1] < losses[0]
+
+
+def test_linear_lr_schedule_decays_from_lr_to_lr_over_steps(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    cfg = config(tmp_path / "lr", lr=1e-3, steps=4, lr_schedule="linear")
+    rates = [LocalTrainer.learning_rate(SimpleNamespace(config=cfg), k) for k in range(1, 5)]
+    assert rates == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    constant = config(tmp_path / "lr", lr=1e-3, steps=4)
+    assert LocalTrainer.learning_rate(SimpleNamespace(config=constant), 4) == 1e-3
+    with pytest.raises(TrainError, match="lr-schedule"):
+        config(tmp_path / "lr", lr_schedule="cosine").validate()
