@@ -13,7 +13,7 @@
    OUT/learning.json, OUT/learning.png (held-out success against updates, one line per method) and each
    run's curves (OUT/<method>/curves/).
 
-The default panel is the embedded one with 200 training and 100 valid_seen Pick games in small rooms
+The default panel is the embedded one with 200 training and 300 valid_seen Pick games in small rooms
 (`panel_size`); the first run generates it (a few minutes, cached under ~/.cache/agentgym-opsd).
 A method's run that is interrupted resumes from its checkpoint when the command is run again.
 """
@@ -37,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--env", default="agentgym/ALFWorld-Pick-v0")
     ap.add_argument("--option", action="append", default=None, metavar="KEY=VALUE",
                     help="env keyword for training (default: room=small, split=train, max_turns=12, "
-                    "panel_size={train: 200, valid_seen: 100, valid_unseen: 10})")
+                    "panel_size={train: 200, valid_seen: 300, valid_unseen: 10})")
     ap.add_argument("--eval-option", action="append", default=None, metavar="KEY=VALUE",
                     help="env keyword for the held-out panel (default: split=valid_seen)")
     ap.add_argument("--methods", default=",".join(METHODS))
@@ -58,8 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lr-schedule", default="linear", choices=("constant", "linear"))
     ap.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per batch of rollouts")
     ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--eval-episodes", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-episodes", type=int, default=300)
+    ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--credit", action="append", default=[], metavar="KEY=VALUE", help="credit setting for every method")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     return ap.parse_args(argv)
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         return 2
     env_options = parse_options(args.option) if args.option is not None else {
         "room": "small", "split": "train", "max_turns": 12,
-        "panel_size": {"train": 200, "valid_seen": 100, "valid_unseen": 10},
+        "panel_size": {"train": 200, "valid_seen": 300, "valid_unseen": 10},
     }
     eval_options = parse_options(args.eval_option) if args.eval_option is not None else {"split": "valid_seen"}
     out = Path(args.out)
