@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     atomic_write_json(out / "learning.json", {"args": vars(args), "sft": sft_report, "results": results,
                                               "wall_seconds": wall})
     plot_comparison({m: out / m for m in results}, out / "learning.png",
-                    title=f"held-out success, {args.env} (SFT start {100 * sft_report['success_after']:.0f}%)")
+                    title=f"held-out success, {args.env.split('/')[-1]}\n(SFT start {100 * sft_report['success_after']:.1f}%)")
     print(f"wrote {out / 'learning.json'}, {out / 'learning.png'} and per-run curves under {out}/<method>/curves")
     return 0
 

@@ -115,13 +115,16 @@ def plot_run(out: str | Path) -> list[Path]:
 def plot_comparison(runs: dict[str, str | Path], path: str | Path, title: str = "held-out success") -> Path:
     """Held-out success against updates, one line per run (label -> run directory)."""
     fig, (ax,) = _figure(1, title)
+    top = 0.0
     for label, out in runs.items():
         xs, ys = _series(read_metrics(out), "eval", "eval/success")
         if xs:
             ax.plot(xs, ys, "o-", label=label)
+            top = max(top, *ys)
     ax.set_xlabel("update")
     ax.set_ylabel("success rate")
-    ax.set_ylim(-0.02, 1.02)
+    # Scaled to the data (small differences stay visible), from 0 so that they are not exaggerated.
+    ax.set_ylim(0.0, min(1.02, max(0.1, 1.25 * top)))
     ax.legend(fontsize=8)
     _save(fig, Path(path))
     return Path(path)
