@@ -222,6 +222,9 @@ def config_from_dict(data: dict[str, Any], where: str = "config", *, data_root: 
         options = item.get("options", {})
         if not isinstance(options, dict):
             raise ConfigError(f"{here}: options must be a table of keywords")
+        bad = [k for k in options if not isinstance(k, str) or not k.isidentifier()]
+        if bad:  # YAML allows `0: x` or `true: x`; env options are Python keyword arguments
+            raise ConfigError(f"{here}: options: {bad[0]!r} is not a keyword name")
         if data_root is not None:
             from agentgym_opsd.paths import PathOutsideRoot, contain_path_options
 

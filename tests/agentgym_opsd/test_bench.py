@@ -194,6 +194,10 @@ def test_config_errors_name_the_problem(tmp_path):
     path.write_text('agents = ["expert"]\nenvs = ["example/GuessNumbr-v0"]\n')
     with pytest.raises(ConfigError, match=r"c.toml: envs\[1\]: .*did you mean example/GuessNumber-v0"):
         load_config(path)
+    path = tmp_path / "c.yaml"  # YAML keys need not be strings; env options are keyword arguments
+    path.write_text("agents: [expert]\nenvs:\n  - id: example/GuessNumber-v0\n    options: {0: x}\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: envs\[1\]: options: 0 is not a keyword name"):
+        load_config(path)
 
 
 def test_cli_yaml_config_resume_guard_and_restart(tmp_path, capsys):
