@@ -2,7 +2,8 @@
 
 - `fuzz_settings(default)`: `default` examples per test (AGENTGYM_FUZZ_EXAMPLES=N overrides it for a
   longer local hunt), no deadline, and no shrinking phase: a failure is reported as found (with its
-  seed) instead of minutes of shrinking against live servers.
+  seed) instead of minutes of shrinking against live servers. Under CI=true the examples are
+  derandomized (the same on every run, so CI is reproducible); elsewhere each run explores new ones.
 - `ANY_TEXT`: text from every Unicode category, lone surrogates and control characters included.
 - `JSON_VALUES`: arbitrary JSON values; `json_bytes` serialises one the way a client would send it.
 """
@@ -22,6 +23,7 @@ def fuzz_settings(default: int) -> settings:
     return settings(
         max_examples=int(os.environ.get("AGENTGYM_FUZZ_EXAMPLES", str(default))),
         deadline=None,
+        derandomize=os.environ.get("CI") == "true",
         phases=[Phase.explicit, Phase.reuse, Phase.generate],
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
     )
