@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -111,3 +112,66 @@ def contract_options_alfworld() -> dict:
     """ALFWorld ids in tests play a small embedded panel (2 train games per task type, 1 per eval split),
     generated once into the test cache and shared by every ALFWorld test."""
     return {"panel_size": {"train": 2, "valid_seen": 1, "valid_unseen": 1}, "progress": False}
+
+
+# ------------------------------------------------------------------------------------------------
+# A tiny chat model on disk, and `agentgym-opsd serve-policy` over it (the serve-policy and the
+# reliability tests share both).
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A seeded random Qwen3 (hidden 32, 2 layers) with the real Qwen3 tokenizer and chat template,
+    saved as a model folder."""
+    tokenizer_dir = SHARED_DATA / "tokenizers" / "qwen3"
+    if not (tokenizer_dir / "tokenizer.json").exists():
+        pytest.skip(f"needs the Qwen3 tokenizer at {tokenizer_dir} (the shared data folder beside the repo)")
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
+                         tie_word_embeddings=True)  # fmt: skip
+    model = Qwen3ForCausalLM(config)
+    end_ids = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    model.generation_config = GenerationConfig(eos_token_id=end_ids, pad_token_id=tokenizer.pad_token_id)
+    path = tmp_path_factory.mktemp("models") / "tiny-qwen3"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@contextlib.contextmanager
+def serve_policy_process(model: Path):
+    """`agentgym-opsd serve-policy` on a free port, with no --host (as a user starts it); yields
+    (base URL ending in /v1, the process). Stopped and its pipes closed on exit."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentgym_opsd.cli", "serve-policy", "--model", str(model), "--port", "0",
+         "--name", "tiny", "--torch-threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("serving"):
+            proc.kill()
+            pytest.fail(f"serve-policy did not start: {line}{proc.stderr.read()[-2000:]}")
+        yield line.split(" at ")[1].split()[0], proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.fixture(scope="session")
+def start_serve_policy():
+    """`serve_policy_process` for tests: `with start_serve_policy(model) as (url, proc): ...`."""
+    return serve_policy_process

@@ -15,8 +15,6 @@ import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, run_episodes
 from agentgym_opsd.agents import AgentError, make_agent
 
-REPO = Path(__file__).resolve().parents[2]
-TOKENIZER = REPO.parent / "shared" / "data" / "tokenizers" / "qwen3"
 MAX_TOKENS = 10
 
 
@@ -25,36 +23,6 @@ def alfworld_env(contract_options_alfworld):
     """ALFWorld Pick on the small test panel (tests/conftest.py), 3 turns per episode."""
     options = {**contract_options_alfworld, "split": "train", "max_turns": 3}
     return lambda: agentgym_opsd.make("agentgym/ALFWorld-Pick-v0", **options)
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory) -> Path:
-    """A seeded random Qwen3 (hidden 32, 2 layers) with the real Qwen3 tokenizer and chat template."""
-    if not (TOKENIZER / "tokenizer.json").exists():
-        pytest.skip(f"needs the Qwen3 tokenizer at {TOKENIZER} (the shared data folder beside the repo)")
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    model = Qwen3ForCausalLM(config)
-    end_ids = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    model.generation_config = GenerationConfig(eos_token_id=end_ids, pad_token_id=tokenizer.pad_token_id)
-    path = tmp_path_factory.mktemp("models") / "tiny-qwen3"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,28 +37,11 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def server(tiny_qwen3):
+def server(tiny_qwen3, start_serve_policy):
     """`agentgym-opsd serve-policy` in its own process on a free loopback port."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.cli", "serve-policy", "--model", str(tiny_qwen3), "--port", "0", "--name", "tiny", "--torch-threads", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = proc.stdout.readline()
-        if not line.startswith("serving"):
-            proc.kill()
-            pytest.fail(f"serve-policy did not start: {line}{proc.stderr.read()[-2000:]}")
-        url = line.split(" at ")[1].split()[0]
+    with start_serve_policy(tiny_qwen3) as (url, _):
         assert url.startswith("http://127.0.0.1:")
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 _GENERATORS: dict[Path, object] = {}

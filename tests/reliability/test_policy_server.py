@@ -5,8 +5,6 @@ Qwen3 with the real Qwen3 tokenizer and chat template.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +14,6 @@ from hypothesis import strategies as st
 
 from reliability_fuzz import ANY_TEXT, JSON_VALUES, fuzz_settings, json_bytes
 
-REPO = Path(__file__).resolve().parents[2]
-TOKENIZER = REPO.parent / "shared" / "data" / "tokenizers" / "qwen3"
 
 FUZZ = fuzz_settings(80)
 
@@ -48,49 +44,11 @@ BODIES = st.binary(max_size=200) | JSON_VALUES.map(json_bytes) | CHAT.map(json_b
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("agentgym_opsd.serve_policy", reason="serve-policy is not on this branch")
-    if not (TOKENIZER / "tokenizer.json").exists():
-        pytest.skip(f"needs the Qwen3 tokenizer at {TOKENIZER} (the shared data folder beside the repo)")
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
-                         tie_word_embeddings=True)  # fmt: skip
-    model = Qwen3ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.convert_tokens_to_ids(["<|im_end|>"]), pad_token_id=tokenizer.pad_token_id)
-    path = tmp_path_factory.mktemp("models") / "tiny"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def policy_server(tiny_model: Path):
+def policy_server(tiny_qwen3: Path, start_serve_policy):
     """`agentgym-opsd serve-policy` with no --host, as a user starts it; yields (url, pid)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.cli", "serve-policy", "--model", str(tiny_model), "--port", "0",
-         "--name", "tiny", "--torch-threads", "1"],  # fmt: skip
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-    )
-    try:
-        line = proc.stdout.readline()
-        if not line.startswith("serving"):
-            proc.kill()
-            pytest.fail(f"serve-policy did not start: {line}{proc.stderr.read()[-2000:]}")
-        yield line.split(" at ")[1].split()[0].removesuffix("/v1"), proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        proc.stdout.close()
-        proc.stderr.close()
+    pytest.importorskip("agentgym_opsd.serve_policy", reason="serve-policy is not on this branch")
+    with start_serve_policy(tiny_qwen3) as (url, proc):
+        yield url.removesuffix("/v1"), proc.pid
 
 
 def test_serve_policy_listens_on_loopback_by_default(policy_server, assert_listens_on_loopback_only) -> None:
