@@ -81,3 +81,14 @@ def test_outcome_reward():
     R = outcome_reward(success, score, invalid, success_scale=2.0, score_coef=0.5, invalid_coef=0.1)
     assert R.tolist() == pytest.approx([2.5, -0.1, 2.25])
     assert outcome_reward(success).tolist() == [1.0, 0.0, 1.0]
+
+
+def test_field_types_are_checked_with_a_clear_error() -> None:
+    from trainer.credit import CreditConfig
+
+    assert CreditConfig(lam_mix=1).lam_mix == 1.0 and isinstance(CreditConfig(lam_mix=1).lam_mix, float)
+    for field, value, rule in [("lam_mix", "abc", "must be a number"), ("decay_steps", 2.5, "must be an integer"),
+                               ("budget", 1, "must be true or false"), ("span_mode", 3, "must be a string"),
+                               ("decay_steps", True, "must be an integer")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"CreditConfig.{field}=.*{rule}"):
+            CreditConfig(**{field: value})

@@ -32,6 +32,10 @@ def env_family(env_id: str) -> str:
     return "generic"
 
 
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+_TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
+
+
 @dataclass(frozen=True)
 class CreditConfig:
     """How episodes' outcomes become per-token advantages.
@@ -118,6 +122,16 @@ class CreditConfig:
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> None:
             raise ValueError(f"CreditConfig.{name}={getattr(self, name)!r}: {rule}")
+
+        # Types first (values come from command lines and config files): an int is a fine float.
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), f.type.split(" | ")
+            if value is None and "None" in kind:
+                continue
+            if kind[0] == "float" and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
+            elif not isinstance(value, _TYPES[kind[0]]) or (kind[0] in ("int", "float") and isinstance(value, bool)):
+                bad(f.name, f"must be {_TYPE_WORDS[kind[0]]}{' or None' if 'None' in kind else ''}")
 
         if self.method not in METHODS:
             bad("method", f"use one of {', '.join(METHODS)}")
