@@ -17,9 +17,61 @@ from agentgym_opsd.context import ContextPolicy, HistoryItem, Message
 from agentgym_opsd.core import Hindsight, StepInfo
 from agentgym_opsd.io import DataFileError, append_jsonl, atomic_write_text, read_jsonl_numbered
 
-__all__ = ["Turn", "Episode", "save_episodes", "append_episodes", "load_episodes"]
+__all__ = ["TurnTokens", "Turn", "Episode", "save_episodes", "append_episodes", "load_episodes"]
 
 FORMAT_VERSION = 1
+
+
+@dataclass
+class TurnTokens:
+    """The token ids of one turn exactly as a token-level policy saw and sampled them.
+
+    A trainer trains on these ids (token-in, token-out), never on the text re-tokenized: a response
+    decoded to text and encoded again is often not the same ids (an untrained model writes byte
+    sequences that are not valid UTF-8; BPE merges differ across boundaries).
+
+    Attributes:
+        prompt_ids: the ids added to the policy's context before this turn's generation. When
+            `extends` is True they follow the previous turn's context and sampled ids (for a chat
+            template: the end of the previous assistant turn when the model did not write it, the
+            observation as a user turn, the opening of the next assistant turn); otherwise they are
+            the whole prompt.
+        extends: this turn's context continues the previous turn's (full-chat contexts).
+        sampled_ids: the ids the policy sampled, ending with the stop id it sampled when it stopped
+            by itself (`finish_reason == "stop"`).
+        logprobs: the sampling log-probs of `sampled_ids` (empty when not recorded).
+        finish_reason: `stop` (the model wrote a stop id) or `length` (cut at the token cap).
+    """
+
+    prompt_ids: list[int]
+    extends: bool
+    sampled_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "stop"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_ids": list(self.prompt_ids),
+            "extends": bool(self.extends),
+            "sampled_ids": list(self.sampled_ids),
+            "logprobs": list(self.logprobs),
+            "finish_reason": self.finish_reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TurnTokens:
+        tokens = cls(
+            prompt_ids=[int(i) for i in d["prompt_ids"]],
+            extends=bool(d["extends"]),
+            sampled_ids=[int(i) for i in d["sampled_ids"]],
+            logprobs=[float(x) for x in d.get("logprobs") or []],
+            finish_reason=str(d.get("finish_reason", "stop")),
+        )
+        if tokens.finish_reason not in ("stop", "length"):
+            raise ValueError(f"finish_reason {tokens.finish_reason!r}: use 'stop' or 'length'")
+        if tokens.logprobs and len(tokens.logprobs) != len(tokens.sampled_ids):
+            raise ValueError(f"{len(tokens.logprobs)} log-probs for {len(tokens.sampled_ids)} sampled ids")
+        return tokens
 
 
 @dataclass
@@ -34,6 +86,8 @@ class Turn:
         terminated, truncated: as returned by `step`.
         step: the step's `StepInfo`.
         info: other JSON-serialisable entries of the step's info (sub-scores, F1, ...).
+        tokens: the ids the policy saw and sampled, when a token-level policy played the turn
+            (None for text agents: the expert, an HTTP endpoint).
     """
 
     response: str
@@ -44,9 +98,10 @@ class Turn:
     truncated: bool
     step: StepInfo
     info: dict[str, Any] = field(default_factory=dict)
+    tokens: TurnTokens | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "response": self.response,
             "action": self.action,
             "observation": self.observation,
@@ -56,6 +111,9 @@ class Turn:
             "step": self.step.to_dict(),
             "info": self.info,
         }
+        if self.tokens is not None:
+            out["tokens"] = self.tokens.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
@@ -68,6 +126,7 @@ class Turn:
             truncated=bool(d["truncated"]),
             step=StepInfo.from_dict(d["step"]),
             info=dict(d.get("info") or {}),
+            tokens=None if d.get("tokens") is None else TurnTokens.from_dict(d["tokens"]),
         )
 
 

@@ -114,6 +114,17 @@ def contract_options_alfworld() -> dict:
     return {"panel_size": {"train": 2, "valid_seen": 1, "valid_unseen": 1}, "progress": False}
 
 
+@pytest.fixture(scope="session")
+def qwen3_tokenizer():
+    """The real Qwen3 tokenizer (fast, with its chat template)."""
+    tokenizer_dir = SHARED_DATA / "tokenizers" / "qwen3"
+    if not (tokenizer_dir / "tokenizer.json").exists():
+        pytest.skip(f"needs the Qwen3 tokenizer at {tokenizer_dir} (the shared data folder beside the repo)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
 # ------------------------------------------------------------------------------------------------
 # A tiny chat model on disk, and `agentgym-opsd serve-policy` over it (the serve-policy and the
 # reliability tests share both).

@@ -44,10 +44,10 @@ import agentgym_opsd
 from agentgym_opsd.agents import ExpertAgent
 from agentgym_opsd.episode import Episode, load_episodes, save_episodes
 from agentgym_opsd.io import atomic_directory, atomic_write_bytes, atomic_write_json, atomic_write_text, append_jsonl, read_jsonl_numbered
-from agentgym_opsd.policy_agents import HFPolicyAgent
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
 from trainer.policy import TinyModelSpec, load_policy, parameter_count, token_logprobs
+from trainer.sampling import HFPolicyAgent
 
 __all__ = ["TrainConfig", "LocalTrainer", "TrainError", "METHODS", "train"]
 
@@ -268,36 +268,19 @@ class PerturbedExpert:
         return self.expert.act(messages, info, env)
 
 
-def sampling_consistency(rows, episode_index: Sequence[int], samples: dict, old_logp: torch.Tensor) -> dict[str, float]:
+def sampling_consistency(rows, old_logp: torch.Tensor) -> dict[str, float]:
     """Do the token rows hold what the policy sampled, in the context it sampled it?
 
-    For each turn, the row's generated tokens (before the end-of-turn token) are compared with the
-    sampled ids; where they are the same (the response re-tokenizes to the sampled ids), the row's
-    old log-probs must equal the sampling log-probs up to float error.
-
-    Returns `rollout/retokenized_same` (fraction of turns whose tokens match) and
-    `rollout/logprob_gap` (mean |lp_rows - lp_sampled| over the tokens of those turns; about 1e-6
-    when the rollout prompt and the row context agree).
+    Returns `rollout/recorded_turns` (fraction of the rows' turns laid out from the rollout's own
+    ids: 1.0 for the trainer's rollouts) and `rollout/logprob_gap` (mean |lp_old - lp_sampled| over
+    the recorded tokens: float error, about 1e-6, when the rows hold the sampled ids in their
+    sampling context and the old log-probs use the sampling temperature).
     """
-    same = total = 0
-    gap_sum, gap_n = 0.0, 0
-    turn_id = rows.turn_id
-    for r in range(rows.num_rows):
-        e = int(rows.row_episode[r])
-        ks = rows.row_turn[r : r + 1].tolist() if int(rows.row_turn[r]) >= 0 else sorted(set(turn_id[r][turn_id[r] >= 0].tolist()))
-        for k in ks:
-            record = samples.get((episode_index[e], int(k)))
-            if record is None:
-                continue
-            ids, lps = record
-            positions = (turn_id[r] == k).nonzero().squeeze(1)[: len(ids)]
-            total += 1
-            if rows.input_ids[r, positions].tolist() == list(ids):
-                same += 1
-                if ids:
-                    gap_sum += float((old_logp[r, positions] - torch.tensor(lps)).abs().sum())
-                    gap_n += len(ids)
-    return {"rollout/retokenized_same": same / max(1, total), "rollout/logprob_gap": gap_sum / max(1, gap_n)}
+    turns = rows.recorded_turns + rows.text_turns
+    mask = rows.recorded
+    n = int(mask.sum())
+    gap = float(((old_logp - rows.rollout_logprobs).abs() * mask).sum()) / max(1, n)
+    return {"rollout/recorded_turns": rows.recorded_turns / max(1, turns), "rollout/logprob_gap": gap}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,7 +321,6 @@ class LocalTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.rng = np.random.default_rng(config.seed)
         self._writer = None
-        self._samples: dict = {}
         self._last_eval: dict[str, Any] | None = None
 
     # -- env --------------------------------------------------------------------------------
@@ -492,14 +474,12 @@ class LocalTrainer:
     # -- rollouts ---------------------------------------------------------------------------
 
     def agent(self, *, temperature: float, seed: int | None = None, name: str = "policy") -> HFPolicyAgent:
-        """The policy as an agent; its prompts are rendered exactly as the token rows render them."""
-        from trainer.rows import render_prompt
-
-        kwargs = dict(self.config.chat_template_kwargs)
+        """The policy as an agent: it builds its contexts in token space and records the ids it
+        samples, which the token rows are laid out from."""
         return HFPolicyAgent(
             self.model, self.tokenizer, max_new_tokens=self.config.max_new_tokens, temperature=temperature,
-            seed=self.config.seed if seed is None else seed, chat_template_kwargs=kwargs, name=name,
-            render=lambda messages: render_prompt(self.tokenizer, messages, **kwargs),
+            seed=self.config.seed if seed is None else seed, chat_template_kwargs=dict(self.config.chat_template_kwargs),
+            name=name,
         )
 
     def _expert_episodes(self, n: int, *, progress: str = "expert episodes") -> tuple[list[Episode], set]:
@@ -536,19 +516,13 @@ class LocalTrainer:
             "generated": (rows.turn_id[idx, :width] >= 0).to(device),
         }
 
-    @torch.no_grad()
     def logprobs(self, model, rows) -> torch.Tensor:
-        """[R, T] log-probs of the generated tokens under `model` (0 elsewhere), no grad."""
-        was = model.training
-        model.eval()
-        out = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
-        for index in self._batches(rows):
-            mb = self._slice(rows, index)
-            lp = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["generated"],
-                                temperature=self._train_temperature())
-            out[torch.tensor(index)[:, None], torch.arange(lp.shape[1])[None, :]] = lp.cpu()
-        model.train(was)
-        return out
+        """[R, T] log-probs of the generated tokens under `model` (0 elsewhere), no grad, at the
+        rollout's temperature: the one scoring path the teacher uses too (`trainer.teacher`)."""
+        from trainer.teacher import row_logprobs
+
+        return row_logprobs(model, rows, micro_batch_tokens=self.config.micro_batch_tokens,
+                            temperature=self._train_temperature())
 
     def _train_temperature(self) -> float:
         return self.config.temperature if self.config.temperature > 0 else 1.0
@@ -624,7 +598,7 @@ class LocalTrainer:
             self.make_env, self._rollout_agent, requests, num_envs=cfg.num_envs or len(requests),
             context=cfg.context, progress=f"rollout {self.step + 1}" if self.progress else False,
         )
-        self._samples = self._rollout_agent.annotate(episodes)
+        self._rollout_agent.annotate(episodes)
         return episodes
 
     def rl_step(self) -> dict[str, Any]:
@@ -644,7 +618,7 @@ class LocalTrainer:
             raise TrainError(f"update {self.step + 1}: every episode failed; the first: {episodes[0].error}")
         rows = self.rows(played)
         old_logp = self.logprobs(self.model, rows)
-        consistency = sampling_consistency(rows, [episodes.index(e) for e in played], self._samples, old_logp)
+        consistency = sampling_consistency(rows, old_logp)
         advantages, diagnostics, extra = self.advantages(played, rows, old_logp)
         scoring_seconds = time.perf_counter() - t0
         ref_logp = self.logprobs(self.reference_model, rows) if self.reference_model is not None else None
@@ -704,7 +678,8 @@ class LocalTrainer:
 
             t0 = time.perf_counter()
             scores = score_teacher(self.teacher(), self.tokenizer, list(episodes), rows, credit,
-                                   micro_batch_tokens=self.config.micro_batch_tokens)
+                                   micro_batch_tokens=self.config.micro_batch_tokens,
+                                   temperature=self._train_temperature())
             teacher = {"teacher_logprobs": scores.logprobs, "teacher_scored": scores.scored,
                        "teacher_truncated": scores.truncated}
             extra.update(scores.stats())

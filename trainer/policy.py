@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from agentgym_opsd.policy_agents import end_of_turn_ids, load_hf_policy, resolve_device, resolve_dtype
 
 __all__ = [
     "DEFAULT_QWEN3_TOKENIZER",
@@ -42,6 +41,7 @@ __all__ = [
     "end_of_turn_ids",
     "token_logprobs",
     "parameter_count",
+    "load_hf_policy",
 ]
 
 # Read by relative path from the repository root, like the tests do.
@@ -60,6 +60,71 @@ _CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 class PolicyLoadError(ValueError):
     """A policy or tokenizer cannot be loaded; the message says how to fix it."""
+
+
+def resolve_device(name: str = "auto"):
+    """`auto` is CUDA when a GPU is present, else CPU; `cpu`, `cuda`, `cuda:N` as given."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PolicyLoadError(f"device {name!r}: no CUDA GPU is visible here; use device cpu")
+    return device
+
+
+def resolve_dtype(name: str, device):
+    """`auto` is bf16 on CUDA and float32 on CPU; `float32`, `bfloat16`, `float16` as given."""
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise PolicyLoadError(f"dtype {name!r}: use auto, float32, bfloat16 or float16")
+    return table[name]
+
+
+def end_of_turn_ids(tokenizer, model=None) -> list[int]:
+    """The token ids that end an assistant turn: `<|im_end|>` (or another chat end-of-turn token)
+    where the vocabulary has it, the tokenizer's eos, and the model's generation-config eos ids."""
+    ids: list[int] = []
+    vocab = tokenizer.get_vocab()
+    for token in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
+        if token in vocab:
+            ids.append(int(vocab[token]))
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    if model is not None and getattr(model, "generation_config", None) is not None:
+        eos = model.generation_config.eos_token_id
+        ids.extend(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
+    out = list(dict.fromkeys(ids))
+    if not out:
+        raise PolicyLoadError("the tokenizer has no end-of-turn token (no <|im_end|> and no eos_token)")
+    return out
+
+
+def load_hf_policy(path: str | Path, *, device: str = "auto", dtype: str = "auto"):
+    """A local transformers causal LM and its tokenizer (which must have a chat template)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise PolicyLoadError(
+            f"{path}: not a folder with a transformers model (no config.json); give a local model folder "
+            "(a Qwen2.5/Qwen3 download, or a trainer run's OUT/model)"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if not getattr(tokenizer, "chat_template", None):
+        raise PolicyLoadError(f"the tokenizer in {path} has no chat template; the policy needs one to read chats")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dev = resolve_device(device)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, dev)).to(dev)
+    model.eval()
+    return model, tokenizer
 
 
 @dataclass(frozen=True)

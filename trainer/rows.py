@@ -1,57 +1,38 @@
-"""Episodes -> token rows: the policy's chat template, and exactly which tokens each turn generated.
+"""Episodes -> token rows: exactly the ids each turn of each episode read and wrote.
 
 `build_rows(episodes, tokenizer, span_mode=...)` turns `Episode` records into padded `[R, T]` token
 rows with, per token, the turn that generated it (`turn_id`, -1 for everything else) and whether it
 is in the turn's scored span (`span`), plus the per-episode and per-turn facts `compute_advantages`
 reads. `rows.credit_batch(student_logprobs=..., teacher_logprobs=...)` is the credit core's input.
 
+Token-in, token-out
+-------------------
+A turn played by a token-level policy (`Turn.tokens`, written by `trainer.sampling.PolicySampler`
+and by the OpenRLHF executor) is laid out from its recorded ids: the ids added to the context
+before the turn (`prompt_ids`), then the ids the policy sampled, ending with the stop id it sampled.
+Nothing is re-tokenized, so the update scores exactly the tokens the policy produced, in exactly
+the context it produced them in. A turn played by a text agent (the expert's warm-start episodes,
+an HTTP endpoint) gets the ids `trainer.chat.text_turn_tokens` reconstructs with the same chat
+framing the rollout uses: one tokenization path for rollouts and rows.
+
 Rows
 ----
-- Full-chat episodes (context `full`): one row per episode holding every turn, in the order the
-  conversation happened: prompt, response 1, end-of-turn, observation 1, ..., response K,
-  end-of-turn. The context of turn k in the row is exactly what `render_prompt` gives for the
-  episode's turn-k messages.
-- Window episodes (context `window:k`): one row per turn: that turn's prompt, its response and the
-  end-of-turn token. Both kinds may be mixed in one call.
+A row is a chain of turns whose contexts extend one another: a full-chat episode is one row
+(prompt, response 1 + its stop id, feedback 1, ..., response K + its stop id); a `window:k`
+episode has one row per turn (its prompt, its response). Both kinds may be mixed in one call.
 
-Decisions (documented because they matter for exact credit)
------------------------------------------------------------
-1. Responses verbatim. Qwen3's chat template rewrites earlier assistant turns (it drops their
-   `<think>` reasoning) when a conversation is re-rendered, so rendering the whole chat with
-   `apply_chat_template` would not contain what the model generated. Instead the template is
-   rendered with a unique placeholder in place of every assistant message; the rendered text is
-   split at the placeholders, and the template pieces around them are kept while each response
-   goes in verbatim. Every template piece before a response is checked to end with the template's
-   generation prompt, and (`verify="first"`, the default) the first multi-turn episode of each
-   call is checked turn by turn: the row's prefix before response k must equal the template's
-   rendering of the turn-k prompt. A template that fails raises `ChatTemplateMismatch`, never a
-   silently wrong row. `render_prompt(tokenizer, messages)` gives that same prompt text; a rollout
-   agent that renders its prompts with it sees exactly the context the trainer scores.
-2. Tokenized piece by piece. Every template piece and every response is tokenized on its own (one
-   batched call of the fast tokenizer) and the ids are concatenated, so a token never straddles
-   the template/response boundary (BPE would otherwise merge `assistant\\n` with a response that
-   starts with a newline) and each response's tokens are the tokenizer's tokens of that response
-   alone, the best reconstruction of the generated ids when they were not stored.
-3. Exact char -> token mapping by offsets. The action span (`StepInfo.action_span`, character
-   offsets into the response) maps to tokens through the fast tokenizer's offset mapping of the
-   response: a token is in the span when its characters overlap the span's. A token that merges
-   span text with neighbouring text (`：<` in `好的：<action>`) is therefore in the span, so the
-   whole action block, tags included, is always covered. No prefix is ever re-tokenized.
-4. End-of-turn counts as generated. The special token the template puts right after an assistant
-   message (`<|im_end|>` for Qwen: the eos token, or another special token) was emitted by the
-   model to stop: it gets the turn's `turn_id` (it receives advantage) and is in the `clean_step` span, not
-   in the `action_only` span. A turn whose generation was cut at a token cap (rollout records
-   `turn.info["finish_reason"] == "length"`) did not emit it: the token stays in the context with
-   turn_id -1 (and the last turn's is dropped). The newline the template adds after it is template.
-5. Spans: `action_only` = the tokens of the action block, tags included (empty for a turn without
-   a valid action: such a turn keeps its plain advantage); `clean_step` = every generated token of
-   the turn (response + end-of-turn).
-6. Truncation is counted, never silent: rows longer than `max_length` are cut at the end (the
-   causal prefix must stay intact); `truncated_rows`, `truncated_tokens` (generated tokens lost)
-   and `truncated_turns` say how much, and a warning is logged.
-7. Groups: `Episode.group`, or the env id and task id when it is empty. GiGPO's state keys are the
-   states each turn acted in (`Episode.state_keys_before()`), interned to ints across the call
-   (the empty key is unknown: -1).
+- Generated tokens: the sampled ids, the stop id included (the model emitted it to end the turn:
+  it receives advantage). A turn cut at the token cap has no stop id. Everything else (system,
+  user, observations, template text, padding) has turn_id -1.
+- Spans: `action_only` = the tokens overlapping the action block's characters
+  (`StepInfo.action_span`, tags included; empty for a turn without a valid action: such a turn
+  keeps its plain advantage); `clean_step` = every generated token of the turn.
+- Truncation is counted, never silent: rows longer than `max_length` are cut at the end (the
+  causal prefix must stay intact); `truncated_rows`, `truncated_tokens` (generated tokens lost)
+  and `truncated_turns` say how much, and a warning is logged.
+- Groups: `Episode.group`, or the env id and task id when it is empty (`group_key`). GiGPO's state
+  keys are the states each turn acted in (`Episode.state_keys_before()`), interned to ints across
+  the call (the empty key is unknown: -1).
 """
 
 from __future__ import annotations
@@ -64,20 +45,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentgym_opsd.context import ContextPolicy, HistoryItem, Message
-from agentgym_opsd.episode import Episode
+from agentgym_opsd.context import ContextPolicy
+from agentgym_opsd.episode import Episode, TurnTokens
+from trainer.chat import (
+    ChatFraming,
+    ChatTemplateMismatch,
+    episode_messages,
+    framing_for,
+    generated_char_offsets,
+    render_prompt,
+    text_turn_tokens,
+)
 from trainer.credit import CreditBatch
 from trainer.credit.config import SPAN_MODES
 
-__all__ = ["TokenRows", "build_rows", "render_prompt", "episode_messages", "ChatTemplateMismatch"]
+__all__ = ["TokenRows", "build_rows", "render_prompt", "episode_messages", "ChatTemplateMismatch", "group_key"]
 
 log = logging.getLogger(__name__)
 
-_SENTINEL = "\ue000{}\ue001"  # private-use code points: never in a chat template, checked absent in texts
 
-
-class ChatTemplateMismatch(ValueError):
-    """The tokenizer's chat template does not render a conversation the way its turns were generated."""
+def group_key(episode: Episode) -> str:
+    """The group an episode's advantage is normalised in: its `group`, else `env_id::task_id`."""
+    return episode.group or f"{episode.env_id}::{episode.task_id}"
 
 
 @dataclass
@@ -101,7 +90,11 @@ class TokenRows:
         invalid_turns: long, num_turns: long.
     Turn tensors [E, K]:
         step_reward: float (the env's reward of each turn), state_id: long (-1 unknown / past the end).
-    Counters: truncated_rows, truncated_tokens (generated tokens cut off), truncated_turns.
+        rollout_logprobs: float; the sampling log-prob of each recorded generated token (0 where
+            the turn was played by a text agent or its log-probs were not recorded).
+        recorded: bool; generated tokens whose ids and log-probs come from the rollout's record.
+    Counters: truncated_rows, truncated_tokens (generated tokens cut off), truncated_turns,
+    recorded_turns and text_turns (turns laid out from recorded ids, and from text).
     """
 
     input_ids: torch.Tensor
@@ -119,6 +112,8 @@ class TokenRows:
     num_turns: torch.Tensor
     step_reward: torch.Tensor
     state_id: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    recorded: torch.Tensor
     span_mode: str
     contexts: list[str]
     group_names: list[str]
@@ -128,6 +123,8 @@ class TokenRows:
     truncated_rows: int = 0
     truncated_tokens: int = 0
     truncated_turns: int = 0
+    recorded_turns: int = 0
+    text_turns: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -173,185 +170,69 @@ class TokenRows:
             teacher_logprobs=teacher_logprobs,
             teacher_scored=teacher_scored,
             teacher_truncated=int(teacher_truncated),
-            meta={"span_mode": self.span_mode, "truncated_rows": self.truncated_rows},
+            meta={"span_mode": self.span_mode, "truncated_rows": self.truncated_rows, "episode_ids": self.episode_ids},
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# Chat template rendering with verbatim assistant turns
-
-
-def _sentinel(k: int) -> str:
-    return _SENTINEL.format(k)
-
-
-def _render(tokenizer, messages: list[Message], add_generation_prompt: bool, kwargs: dict[str, Any]) -> str:
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
-    )
-    if not isinstance(text, str):
-        raise ChatTemplateMismatch(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
-    return text
-
-
-def _split(text: str, n: int) -> list[str]:
-    """Split rendered text at placeholders 0..n-1 (each exactly once, in order) -> n + 1 pieces."""
-    pieces, rest = [], text
-    for k in range(n):
-        mark = _sentinel(k)
-        if rest.count(mark) != 1:
-            raise ChatTemplateMismatch(
-                f"the chat template rendered assistant message {k} {rest.count(mark)} times (expected once, "
-                "verbatim); this template cannot be used for multi-turn rows"
-            )
-        before, rest = rest.split(mark)
-        pieces.append(before)
-    pieces.append(rest)
-    return pieces
-
-
-def _with_placeholders(messages: list[Message]) -> tuple[list[Message], list[str]]:
-    out, originals = [], []
-    for m in messages:
-        if m.get("role") == "assistant":
-            out.append({**m, "content": _sentinel(len(originals))})
-            originals.append(m["content"])
-        else:
-            out.append(m)
-    return out, originals
-
-
-def render_prompt(tokenizer, messages: list[Message], **chat_template_kwargs: Any) -> str:
-    """The prompt text for `messages` with every assistant message verbatim, ending with the
-    generation prompt: the same text `build_rows` puts before the next response.
-
-    Use it in a rollout agent so that the model samples from exactly the context the trainer scores
-    (Qwen3's own template would drop earlier turns' reasoning).
-    """
-    placeholder_messages, originals = _with_placeholders(messages)
-    pieces = _split(_render(tokenizer, placeholder_messages, True, chat_template_kwargs), len(originals))
-    text = pieces[0]
-    for original, piece in zip(originals, pieces[1:], strict=True):
-        text += original + piece
-    return text
-
-
-def episode_messages(episode: Episode, k: int, context: str | ContextPolicy | None = None) -> list[Message]:
-    """The chat before turn k of `episode` under `context` (default: the episode's own)."""
-    policy = ContextPolicy.parse(context if context is not None else episode.context)
-    history = [HistoryItem(t.response, t.action, t.observation) for t in episode.turns[:k]]
-    return policy.messages(episode.instructions, episode.initial_observation, history)
-
-
-def _placeholder_messages(episode: Episode, k: int, policy: ContextPolicy) -> list[Message]:
-    """Turn-k messages with placeholder j in place of response j."""
-    history = [HistoryItem(_sentinel(j), t.action, t.observation) for j, t in enumerate(episode.turns[:k])]
-    return policy.messages(episode.instructions, episode.initial_observation, history)
-
-
-def _generation_prompt(tokenizer, kwargs: dict[str, Any]) -> str:
-    messages = [{"role": "user", "content": "x"}]
-    with_gp = _render(tokenizer, messages, True, kwargs)
-    without = _render(tokenizer, messages, False, kwargs)
-    if not with_gp.startswith(without):
-        raise ChatTemplateMismatch("the chat template's generation prompt is not a suffix of the rendered chat")
-    return with_gp[len(without) :]
-
-
-def _end_of_turn(tokenizer, kwargs: dict[str, Any]) -> str | None:
-    """The special token the template puts right after an assistant message (the model emits it to
-    stop): the eos token, or another special token (`<|im_end|>` where eos is `<|endoftext|>`);
-    None when the template closes assistant messages with ordinary text."""
-    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _sentinel(0)}, {"role": "user", "content": "y"}]
-    after = _split(_render(tokenizer, messages, False, kwargs), 1)[1]
-    candidates = [tokenizer.eos_token] + sorted(getattr(tokenizer, "all_special_tokens", []), key=len, reverse=True)
-    for token in candidates:
-        if token and after.startswith(token):
-            return token
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
 # Row assembly
 
 
-@dataclass
-class _Piece:
-    text: str
-    turn: int = -1  # generated by this turn, or -1
-    kind: str = "template"  # template | response | eot
-    action_span: tuple[int, int] | None = None
-
-
-def _cut_at_length(turn) -> bool:
-    return str(turn.info.get("finish_reason", "")) == "length"
-
-
-def _check_text(episode: Episode) -> None:
-    texts = [episode.instructions, episode.initial_observation] + [
-        s for t in episode.turns for s in (t.response, t.observation, t.action or "")
-    ]
-    if any("\ue000" in s or "\ue001" in s for s in texts):
-        raise ValueError(f"episode {episode.episode_id}: text holds U+E000/U+E001, which build_rows reserves")
-
-
-def _full_row(
-    episode: Episode,
-    policy: ContextPolicy,
-    tokenizer,
-    kwargs: dict[str, Any],
-    generation_prompt: str,
-    eot: str | None,
-    verify: bool,
-) -> list[_Piece]:
-    K = len(episode.turns)
-    rendered = _render(tokenizer, _placeholder_messages(episode, K, policy), False, kwargs)
-    between = _split(rendered, K)  # between[k] precedes response k; between[K] follows the last
-    if verify:
-        for k in range(K):
-            prompt = _render(tokenizer, _placeholder_messages(episode, k, policy), True, kwargs)
-            if prompt != "".join(between[j] + _sentinel(j) for j in range(k)) + between[k]:
-                raise ChatTemplateMismatch(
-                    f"episode {episode.episode_id}, turn {k}: the chat template renders the turn's prompt "
-                    "differently from the conversation's prefix (it rewrites earlier turns); rows would not "
-                    "match what the model saw. Use a window context (one row per turn), pass the rollout's "
-                    "chat_template_kwargs, or verify='none' to accept the difference."
+def _records(episode: Episode, policy: ContextPolicy, framing: ChatFraming) -> tuple[list[TurnTokens], bool]:
+    """The turns' token records and whether they were recorded by the rollout (else rebuilt from text)."""
+    recorded = [t.tokens for t in episode.turns]
+    if all(r is not None for r in recorded) and str(policy) == str(ContextPolicy.parse(episode.context)):
+        for k, r in enumerate(recorded):
+            if r.extends != (k > 0 and policy.kind == "full"):
+                raise ValueError(
+                    f"episode {episode.episode_id!r}, turn {k}: the recorded context "
+                    f"{'extends' if r.extends else 'does not extend'} the previous turn's, which a "
+                    f"{policy} context does not do; the record is not from this episode's rollout"
                 )
-    pieces: list[_Piece] = []
-    for k, turn in enumerate(episode.turns):
-        before = between[k]
-        if k > 0 and eot is not None:
-            before = before[len(eot) :]  # the eot after response k-1 was emitted as its own piece
-        if not before.endswith(generation_prompt):
-            raise ChatTemplateMismatch(
-                f"episode {episode.episode_id}, turn {k}: the template's assistant header differs from its "
-                f"generation prompt {generation_prompt!r} (e.g. enable_thinking=False); rows would not match "
-                "what the model saw. Use a window context or the same chat_template_kwargs as the rollout."
+        return recorded, True
+    return text_turn_tokens(framing, episode, policy), False
+
+
+def _response_offsets(tokenizer, turn, record: TurnTokens, is_recorded: bool) -> list[tuple[int, int]]:
+    """Character range of each sampled id in the turn's response (the stop id: empty, at the end)."""
+    content = record.sampled_ids[:-1] if record.finish_reason == "stop" and is_recorded else record.sampled_ids
+    if is_recorded:
+        text, offsets = generated_char_offsets(tokenizer, content)
+        if text != turn.response:
+            raise ValueError(
+                f"turn {turn.step.turn} of episode {turn.step.episode_id!r}: the recorded ids decode to a different "
+                "text than the turn's response; the episode was played with another tokenizer"
             )
-        pieces.append(_Piece(before))
-        pieces.append(_Piece(turn.response, k, "response", turn.step.action_span))
-        after = between[k + 1]
-        if eot is not None and after.startswith(eot):
-            if _cut_at_length(turn):
-                if k + 1 < K:
-                    pieces.append(_Piece(eot))  # in the context, but the model did not emit it
-            else:
-                pieces.append(_Piece(eot, k, "eot"))
-        elif eot is not None:
-            raise ChatTemplateMismatch(f"the template does not close assistant message {k} with {eot!r}")
-    return pieces
+    else:
+        encoded = tokenizer(turn.response, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = [tuple(o) for o in encoded["offset_mapping"]]
+        content = record.sampled_ids[: len(offsets)]
+    end = len(turn.response)
+    return list(offsets) + [(end, end)] * (len(record.sampled_ids) - len(content))
 
 
-def _turn_row(
-    episode: Episode, k: int, policy: ContextPolicy, tokenizer, kwargs: dict[str, Any], eot: str | None
-) -> list[_Piece]:
-    # Responses the prompt shows (none under window contexts) are context, written verbatim.
-    prompt = render_prompt(tokenizer, episode_messages(episode, k, policy), **kwargs)
-    turn = episode.turns[k]
-    pieces = [_Piece(prompt), _Piece(turn.response, k, "response", turn.step.action_span)]
-    if eot is not None and not _cut_at_length(turn):
-        pieces.append(_Piece(eot, k, "eot"))
-    return pieces
+def _span_mask(offsets: list[tuple[int, int]], action_span: tuple[int, int] | None) -> np.ndarray:
+    """Tokens whose characters overlap the action span (a token holding the first bytes of a
+    character that starts inside the span counts)."""
+    mask = np.zeros(len(offsets), dtype=bool)
+    if action_span is None or not offsets:
+        return mask
+    a, b = action_span
+    o = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    nonempty = o[:, 1] > o[:, 0]
+    return np.where(nonempty, (o[:, 0] < b) & (o[:, 1] > a), (o[:, 0] >= a) & (o[:, 0] < b))
+
+
+@dataclass
+class _Row:
+    episode: int
+    turn: int  # the one turn of a window row, -1 for a chain of several
+    ids: list[int] = field(default_factory=list)
+    turn_id: list[np.ndarray] = field(default_factory=list)
+    span: list[np.ndarray] = field(default_factory=list)
+    logprobs: list[np.ndarray] = field(default_factory=list)
+    recorded: list[np.ndarray] = field(default_factory=list)
+    prompt_len: int = 0
 
 
 def build_rows(
@@ -362,107 +243,77 @@ def build_rows(
     span_mode: str = "action_only",
     max_length: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
-    verify: str = "first",
 ) -> TokenRows:
-    """Token rows for `episodes` with the policy tokenizer's chat template.
+    """Token rows for `episodes` (see the module docstring).
 
     Args:
         episodes: finished episodes (drop errored ones first: they have no real outcome).
-        tokenizer: the policy's fast tokenizer (offset mapping needed), with a chat template.
-        context: None to use each episode's own context policy, or `full` / `window:k` for all.
-            `full` gives one row per episode, `window:k` one row per turn.
+        tokenizer: the policy's fast tokenizer, with a chat template.
+        context: None to use each episode's own context policy, or `full` / `window:k` for all
+            (episodes recorded under another context are then rebuilt from their text).
         span_mode: `action_only` or `clean_step` (see the module docstring).
         max_length: rows longer than this are cut at the end (counted and logged).
-        chat_template_kwargs: passed to `apply_chat_template` (use the rollout's, e.g.
-            enable_thinking).
-        verify: `first` (check the first multi-turn full-chat episode turn by turn), `all`, or `none`.
+        chat_template_kwargs: passed to `apply_chat_template` (use the rollout's, e.g. enable_thinking).
 
     Returns:
         TokenRows; `row_episode` indexes `episodes`.
     """
     if span_mode not in SPAN_MODES:
         raise ValueError(f"span_mode {span_mode!r}: use one of {', '.join(SPAN_MODES)}")
-    if verify not in ("first", "all", "none"):
-        raise ValueError(f"verify {verify!r}: use 'first', 'all' or 'none'")
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("build_rows needs a fast tokenizer (offset mapping); load it with use_fast=True")
     if max_length is not None and max_length < 1:
         raise ValueError(f"max_length must be >= 1, got {max_length}")
     kwargs = dict(chat_template_kwargs or {})
-    generation_prompt = _generation_prompt(tokenizer, kwargs)
-    eot = _end_of_turn(tokenizer, kwargs)
+    framing = framing_for(tokenizer, **kwargs)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad token nor an eos token to pad rows with")
 
-    # 1. Pieces of every row.
-    row_pieces: list[list[_Piece]] = []
-    row_episode: list[int] = []
-    row_turn: list[int] = []
+    # 1. Rows: chains of turns whose contexts extend one another.
+    rows: list[_Row] = []
     contexts: list[str] = []
-    verified = False
+    recorded_turns = text_turns = 0
     for i, episode in enumerate(episodes):
         if episode.error is not None:
             raise ValueError(
                 f"episode {episode.episode_id!r} errored ({episode.error}); drop errored episodes before "
                 "building rows (they have no real outcome)"
             )
-        _check_text(episode)
         policy = ContextPolicy.parse(context if context is not None else episode.context)
         contexts.append(str(policy))
-        if not episode.turns:
-            continue
-        if policy.kind == "full":
-            check = verify == "all" or (verify == "first" and not verified and len(episode.turns) >= 2)
-            row_pieces.append(_full_row(episode, policy, tokenizer, kwargs, generation_prompt, eot, check))
-            verified = verified or check
-            row_episode.append(i)
-            row_turn.append(-1)
-        else:
-            for k in range(len(episode.turns)):
-                row_pieces.append(_turn_row(episode, k, policy, tokenizer, kwargs, eot))
-                row_episode.append(i)
-                row_turn.append(k)
-
-    # 2. One batched tokenizer call over every piece.
-    flat = [p for pieces in row_pieces for p in pieces]
-    if flat:
-        encoded = tokenizer(
-            [p.text for p in flat], add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False
-        )
-        piece_ids, piece_offsets = encoded["input_ids"], encoded["offset_mapping"]
-    else:
-        piece_ids, piece_offsets = [], []
-
-    # 3. Assemble rows.
-    ids_rows, tid_rows, span_rows, prompt_lens = [], [], [], []
-    n = 0
-    for pieces in row_pieces:
-        ids: list[int] = []
-        tid: list[np.ndarray] = []
-        spn: list[np.ndarray] = []
-        for j, piece in enumerate(pieces):
-            pid, off = piece_ids[n], piece_offsets[n]
-            n += 1
-            m = len(pid)
-            ids.extend(pid)
-            tid.append(np.full(m, piece.turn, dtype=np.int64))
-            if piece.kind == "response" and span_mode == "action_only":
-                mask = np.zeros(m, dtype=bool)
-                if piece.action_span is not None and m:
-                    a, b = piece.action_span
-                    o = np.asarray(off, dtype=np.int64).reshape(m, 2)
-                    mask = (o[:, 0] < b) & (o[:, 1] > a)  # token characters overlap [a, b)
-                spn.append(mask)
+        records, is_recorded = _records(episode, policy, framing)
+        recorded_turns += len(records) if is_recorded else 0
+        text_turns += 0 if is_recorded else len(records)
+        row: _Row | None = None
+        for k, (turn, record) in enumerate(zip(episode.turns, records, strict=True)):
+            if row is None or not record.extends:
+                row = _Row(i, -1 if policy.kind == "full" else k, prompt_len=len(record.prompt_ids))
+                rows.append(row)
+            n_prompt, n_sampled = len(record.prompt_ids), len(record.sampled_ids)
+            row.ids += record.prompt_ids
+            row.turn_id.append(np.full(n_prompt, -1, dtype=np.int64))
+            row.span.append(np.zeros(n_prompt, dtype=bool))
+            row.logprobs.append(np.zeros(n_prompt, dtype=np.float32))
+            row.recorded.append(np.zeros(n_prompt, dtype=bool))
+            row.ids += record.sampled_ids
+            row.turn_id.append(np.full(n_sampled, k, dtype=np.int64))
+            if span_mode == "clean_step":
+                row.span.append(np.ones(n_sampled, dtype=bool))
             else:
-                spn.append(np.full(m, piece.kind != "template" and span_mode == "clean_step", dtype=bool))
-            if j == 0:
-                prompt_lens.append(m)
-        ids_rows.append(ids)
-        tid_rows.append(np.concatenate(tid) if tid else np.zeros(0, dtype=np.int64))
-        span_rows.append(np.concatenate(spn) if spn else np.zeros(0, dtype=bool))
+                offsets = _response_offsets(tokenizer, turn, record, is_recorded)
+                row.span.append(_span_mask(offsets, turn.step.action_span))
+            has_lp = is_recorded and len(record.logprobs) == n_sampled
+            row.logprobs.append(np.asarray(record.logprobs, dtype=np.float32) if has_lp else np.zeros(n_sampled, dtype=np.float32))
+            row.recorded.append(np.full(n_sampled, has_lp, dtype=bool))
 
-    # 4. Truncation (counted, never silent).
+    # 2. Flatten, truncate (counted, never silent) and pad.
+    ids_rows = [r.ids for r in rows]
+    tid_rows = [np.concatenate(r.turn_id) if r.turn_id else np.zeros(0, dtype=np.int64) for r in rows]
+    span_rows = [np.concatenate(r.span) if r.span else np.zeros(0, dtype=bool) for r in rows]
+    lp_rows = [np.concatenate(r.logprobs) if r.logprobs else np.zeros(0, dtype=np.float32) for r in rows]
+    rec_rows = [np.concatenate(r.recorded) if r.recorded else np.zeros(0, dtype=bool) for r in rows]
+    prompt_lens = [r.prompt_len for r in rows]
     truncated_rows = truncated_tokens = truncated_turns = 0
     if max_length is not None:
         for r, ids in enumerate(ids_rows):
@@ -472,30 +323,33 @@ def build_rows(
                 truncated_tokens += int((lost >= 0).sum())
                 truncated_turns += len(set(lost[lost >= 0].tolist()))
                 ids_rows[r] = ids[:max_length]
-                tid_rows[r] = tid_rows[r][:max_length]
-                span_rows[r] = span_rows[r][:max_length]
+                for table in (tid_rows, span_rows, lp_rows, rec_rows):
+                    table[r] = table[r][:max_length]
                 prompt_lens[r] = min(prompt_lens[r], max_length)
         if truncated_rows:
             log.warning(
                 "build_rows: %d of %d rows cut at max_length=%d (%d generated tokens of %d turns lost)",
                 truncated_rows, len(ids_rows), max_length, truncated_tokens, truncated_turns,
             )
-
-    # 5. Pad into tensors.
     R = len(ids_rows)
     T = max([len(x) for x in ids_rows] + [1])
     input_ids = torch.full((R, T), int(pad_id), dtype=torch.long)
     attention_mask = torch.zeros((R, T), dtype=torch.long)
     turn_id = torch.full((R, T), -1, dtype=torch.long)
     span = torch.zeros((R, T), dtype=torch.bool)
+    rollout_logprobs = torch.zeros((R, T), dtype=torch.float32)
+    recorded = torch.zeros((R, T), dtype=torch.bool)
     for r in range(R):
         L = len(ids_rows[r])
         input_ids[r, :L] = torch.tensor(ids_rows[r], dtype=torch.long)
         attention_mask[r, :L] = 1
         turn_id[r, :L] = torch.from_numpy(tid_rows[r])
         span[r, :L] = torch.from_numpy(span_rows[r])
+        rollout_logprobs[r, :L] = torch.from_numpy(lp_rows[r])
+        recorded[r, :L] = torch.from_numpy(rec_rows[r])
+    span &= turn_id >= 0
 
-    # 6. Episode and turn facts.
+    # 3. Episode and turn facts.
     E = len(episodes)
     K = max([len(e.turns) for e in episodes] + [1])
     group_index: dict[str, int] = {}
@@ -504,8 +358,7 @@ def build_rows(
     step_reward = torch.zeros((E, K), dtype=torch.float32)
     state_id = torch.full((E, K), -1, dtype=torch.long)
     for i, episode in enumerate(episodes):
-        name = episode.group or f"{episode.env_id}::{episode.task_id}"
-        groups.append(group_index.setdefault(name, len(group_index)))
+        groups.append(group_index.setdefault(group_key(episode), len(group_index)))
         for k, (turn, key) in enumerate(zip(episode.turns, episode.state_keys_before(), strict=True)):
             step_reward[i, k] = float(turn.reward)
             if key:
@@ -516,8 +369,8 @@ def build_rows(
         attention_mask=attention_mask,
         turn_id=turn_id,
         span=span,
-        row_episode=torch.tensor(row_episode, dtype=torch.long),
-        row_turn=torch.tensor(row_turn, dtype=torch.long),
+        row_episode=torch.tensor([r.episode for r in rows], dtype=torch.long),
+        row_turn=torch.tensor([r.turn for r in rows], dtype=torch.long),
         prompt_len=torch.tensor(prompt_lens, dtype=torch.long),
         length=attention_mask.sum(dim=1),
         episode_group=torch.tensor(groups, dtype=torch.long),
@@ -527,14 +380,18 @@ def build_rows(
         num_turns=torch.tensor([len(e.turns) for e in episodes], dtype=torch.long),
         step_reward=step_reward,
         state_id=state_id,
+        rollout_logprobs=rollout_logprobs,
+        recorded=recorded,
         span_mode=span_mode,
         contexts=contexts,
         group_names=list(group_index),
         episode_ids=[e.episode_id for e in episodes],
         pad_token_id=int(pad_id),
-        end_of_turn=eot,
+        end_of_turn=framing.close_text or None,
         truncated_rows=truncated_rows,
         truncated_tokens=truncated_tokens,
         truncated_turns=truncated_turns,
+        recorded_turns=recorded_turns,
+        text_turns=text_turns,
         meta={"chat_template_kwargs": kwargs},
     )

@@ -56,7 +56,8 @@ from tqdm.auto import tqdm
 
 from agentgym_opsd.episode import Episode
 from trainer.credit.config import CreditConfig, env_family
-from trainer.rows import TokenRows, episode_messages, render_prompt
+from trainer.chat import episode_messages, render_prompt
+from trainer.rows import TokenRows
 
 __all__ = [
     "TeacherScores",
@@ -463,9 +464,13 @@ def score_sequences(
     pad_token_id: int = 0,
     micro_batch_tokens: int = 16384,
     logit_chunk: int = 512,
+    temperature: float = 1.0,
     progress: bool | str = False,
 ) -> tuple[list[torch.Tensor], int]:
     """Log-probs of each sequence's targets ([M] float32 per sequence) and the number of forwards.
+
+    `temperature` divides the logits, as when sampling: the student's and the teacher's log-probs
+    are both taken at the rollout's temperature, so a teacher identical to the student has no gap.
 
     Sequences are sorted by length and run in micro-batches of at most `micro_batch_tokens` (padded)
     tokens. Packed sequences get a 4-D additive attention mask; plain ones a 2-D padding mask.
@@ -523,7 +528,7 @@ def score_sequences(
                 pred = s.predict[c : c + logit_chunk].to(device)
                 tgt_ids = s.ids[s.target[c : c + logit_chunk]].to(device)
                 logits = head(hidden[b, pred]) if hidden is not None else logits_all[b, pred]
-                logp = torch.log_softmax(logits.float(), dim=-1)
+                logp = torch.log_softmax(logits.float() / temperature, dim=-1)
                 lp[c : c + logit_chunk] = logp.gather(1, tgt_ids.unsqueeze(1)).squeeze(1).cpu()
             out[batch[b]] = lp
     return [x if x is not None else torch.zeros(0) for x in out], forwards
@@ -547,6 +552,7 @@ def score_teacher(
     max_length: int | None = None,
     packing: bool | str = "auto",
     micro_batch_tokens: int = 16384,
+    temperature: float = 1.0,
     progress: bool | str = False,
 ) -> TeacherScores:
     """Teacher log-probs of the rows' scored tokens, with privileged context (no grad).
@@ -563,6 +569,7 @@ def score_teacher(
             sequence per turn, "auto" packs unless the attention implementation cannot take
             custom masks (flash attention).
         micro_batch_tokens: padded tokens per forward.
+        temperature: the rollout's sampling temperature (the student's log-probs use it too).
 
     Returns:
         TeacherScores: `.logprobs` [R, T] and `.scored` [R, T] for `rows.credit_batch(...)`, and the
@@ -580,7 +587,8 @@ def score_teacher(
             tokenizer, episodes, rows, config, max_length=limit, packing=bool(packing)
         )
         scores, forwards = score_sequences(
-            model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens, progress=progress
+            model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
+            temperature=temperature, progress=progress,
         )
     finally:
         model.train(was_training)
@@ -614,11 +622,14 @@ def row_logprobs(
     *,
     mask: torch.Tensor | None = None,
     micro_batch_tokens: int = 16384,
+    temperature: float = 1.0,
     progress: bool | str = False,
 ) -> torch.Tensor:
     """The model's log-probs of the rows' own tokens ([R, T] float32, 0 outside `mask`; no grad).
 
-    `mask` defaults to the generated tokens (turn_id >= 0): the student's lp_S for the credit core.
+    `mask` defaults to the generated tokens (turn_id >= 0): the student's lp_S (old log-probs) for
+    the credit core and the update. The same scoring function as the teacher's (`score_sequences`),
+    at the same temperature.
     """
     device = rows.input_ids.device
     rows = rows.to("cpu")
@@ -638,7 +649,8 @@ def row_logprobs(
     model.eval()
     try:
         scores, _ = score_sequences(
-            model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens, progress=progress
+            model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
+            temperature=temperature, progress=progress,
         )
     finally:
         model.train(was_training)

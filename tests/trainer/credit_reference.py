@@ -137,13 +137,12 @@ def reference(episodes, cfg: CreditConfig, step: int = 0):
     if cfg.method == "agentopsd":
         if cfg.lam == 0:
             return out
-        R = rewards(episodes, cfg)
         for i, ep in enumerate(episodes):
             group = [j for j, other in enumerate(episodes) if other["group"] == ep["group"]]
             if cfg.prior == "success":
                 B0 = clip(sum(float(episodes[j]["success"]) for j in group) / len(group), cfg.eps0, 1 - cfg.eps0)
-            else:
-                B0 = clip(mean([R[j] for j in group]), cfg.eps0, 1 - cfg.eps0)
+            else:  # the release's raw reward: 10 for a success, 0 otherwise
+                B0 = clip(mean([10.0 * float(episodes[j]["success"]) for j in group]), cfg.eps0, 1 - cfg.eps0)
             c, B_prev, dB = 0.0, B0, []
             for turn in ep["turns"]:
                 e_k = sum(delta(tok) for tok in turn["tokens"])

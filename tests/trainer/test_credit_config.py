@@ -40,7 +40,7 @@ def test_for_env(env_id, family, span, invalid, score):
 
 def test_release_preset():
     c = CreditConfig.for_env("agentgym/ALFWorld-Pick-v0", "agentopsd", preset="release")
-    assert (c.belief_gamma, c.eps0, c.prior) == (1.0, 1e-4, "reward")
+    assert (c.belief_gamma, c.eps0, c.prior) == (1.0, 1e-4, "release_reward")
     with pytest.raises(ValueError, match="preset"):
         CreditConfig.for_env("x", "agentopsd", preset="paper2")
 

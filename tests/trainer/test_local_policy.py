@@ -8,7 +8,7 @@ import torch
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, ExpertAgent, run_episodes
 from agentgym_opsd.agents import AgentError, make_agent
-from agentgym_opsd.policy_agents import HFPolicyAgent
+from trainer.sampling import HFPolicyAgent
 from trainer.policy import (
     CHATML_TEMPLATE,
     TinyModelSpec,
@@ -111,8 +111,10 @@ def test_greedy_sampling_matches_generate_and_ignores_padding(tiny, expert_episo
             ref = model.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                                  max_new_tokens=10, do_sample=False, eos_token_id=agent.stop_ids,
                                  pad_token_id=tok.pad_token_id)
-        ref_ids = [t for t in ref[0, len(p):].tolist() if t not in agent.stop_ids]
-        assert ids == ref_ids[: len(ids)] and len(ids) == len(ref_ids)
+        generated = ref[0, len(p):].tolist()
+        stops = [i for i, t in enumerate(generated) if t in agent.stop_ids]
+        ref_ids = generated[: stops[0] + 1] if stops else generated  # up to and with the stop id
+        assert ids == ref_ids
         assert agent.sample([p])[0][0] == ids  # alone or in a padded batch: the same turn
 
 
@@ -142,7 +144,7 @@ def test_turns_stop_at_end_of_turn_or_the_cap(corpus) -> None:
     agent = HFPolicyAgent(model, tok, max_new_tokens=5, temperature=1.0, seed=0)
     handle = model.lm_head.register_forward_hook(lambda m, i, out: out + bias)
     try:
-        assert agent.sample([prompt, prompt])[0] == ([], [])  # stopped at once, the stop token is not text
+        assert agent.sample([prompt, prompt])[0] == ([eot], [0.0])  # stopped at once: the stop id is recorded
         stats = agent.pop_stats()
         assert stats["capped_turns"] == 0 and stats["new_tokens"] == 2
     finally:
@@ -201,9 +203,10 @@ def test_reusing_each_episodes_prefix_changes_nothing_but_the_cost(tiny) -> None
     (plain, plain_samples, plain_stats), (reused, reused_samples, reused_stats) = runs[False], runs[True]
     assert [e.to_dict() for e in plain] == [e.to_dict() for e in reused]
     assert plain_samples.keys() == reused_samples.keys()
-    for key, (ids, lps, reason) in plain_samples.items():
-        ids2, lps2, reason2 = reused_samples[key]
-        assert ids == ids2 and reason == reason2
-        assert torch.allclose(torch.tensor(lps), torch.tensor(lps2), atol=1e-4)
+    for key, record in plain_samples.items():
+        other = reused_samples[key]
+        assert (record.prompt_ids, record.extends, record.sampled_ids, record.finish_reason) == (
+            other.prompt_ids, other.extends, other.sampled_ids, other.finish_reason)
+        assert torch.allclose(torch.tensor(record.logprobs), torch.tensor(other.logprobs), atol=1e-4)
     assert reused_stats["prompt_tokens"] == plain_stats["prompt_tokens"]
     assert reused_stats["prefill_tokens"] < 0.5 * plain_stats["prefill_tokens"]

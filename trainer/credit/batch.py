@@ -180,12 +180,13 @@ class TurnLayout:
         """[E, K] float64 sums of [N] values over each turn's tokens (where `mask` holds).
 
         Masked-out tokens add 0 (a `where`, not a boolean selection: no nonzero pass, no NaN leak).
-        Tokens are summed in their own dtype (a turn holds at most a few thousand of them), the
-        [E, K] result is float64 for the turn-level math.
+        Tokens are summed in float64 (spec section 4: e_k and m_k meet 1e-6 with float32 inputs);
+        the [N] upcast is per token, the memory of one float64 vector.
         """
+        values = values.to(torch.float64)
         if mask is not None:
             values = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
-        out = torch.zeros(self.E * self.K, dtype=values.dtype, device=values.device)
+        out = torch.zeros(self.E * self.K, dtype=torch.float64, device=values.device)
         return out.index_add_(0, self.turn, values).view(self.E, self.K).to(torch.float64)
 
     def turn_count(self, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from trainer.credit.agentopsd import agentopsd_advantage
 from trainer.credit.batch import CreditBatch, TurnLayout
-from trainer.credit.config import CreditConfig
+from trainer.credit.config import RELEASE_SUCCESS_REWARD, CreditConfig
 from trainer.credit.evidence import token_gap, turn_evidence
 from trainer.credit.gigpo import discounted_returns, gigpo_token_advantage, step_advantage
 from trainer.credit.grpo import broadcast_to_tokens, grpo_episode_advantage, outcome_reward
@@ -24,8 +24,31 @@ __all__ = ["compute_advantages", "episode_rewards"]
 B0_BINS = 10
 
 
+def _episode_name(batch: CreditBatch, i: int) -> str:
+    ids = batch.meta.get("episode_ids") if batch.meta else None
+    return repr(ids[i]) if ids is not None and i < len(ids) else f"#{i}"
+
+
+def check_finite_rewards(batch: CreditBatch) -> None:
+    """Spec section 4: a non-finite score or step reward is an error naming the episode (it would
+    turn every advantage of its group into NaN)."""
+    for name, values in (("score", batch.score), ("step reward", batch.step_reward)):
+        if values is None or values.numel() == 0:
+            continue
+        bad = ~torch.isfinite(values.to(torch.float64))
+        if values.dim() == 2:
+            bad = bad.any(dim=1)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"episode {_episode_name(batch, i)} has a non-finite {name} ({values[i].tolist()}); "
+                "the env reported NaN or inf: fix the env or drop the episode before computing credit"
+            )
+
+
 def episode_rewards(batch: CreditBatch, config: CreditConfig) -> torch.Tensor:
     """R_i of every episode (spec section 0 step 2)  ->  [E] float64."""
+    check_finite_rewards(batch)
     return outcome_reward(
         batch.success,
         batch.score,
@@ -109,7 +132,8 @@ def compute_advantages(
             diag["credit/lam_t"] = lam_t
         elif method == "agentopsd":
             evidence = turn_evidence(delta, layout, scored)                            # e_k
-            prior = batch.success if config.prior == "success" else R
+            # B_0's outcome: binary success, or the release's raw 0/10 reward (spec section 2)
+            prior = batch.success if config.prior == "success" else RELEASE_SUCCESS_REWARD * batch.success.to(torch.float64)
             A_out, parts = agentopsd_advantage(
                 A, A_episode, evidence, prior, batch.episode_group, layout,
                 lam=config.lam, b=config.b, gamma=config.belief_gamma, eps0=config.eps0, eps=eps,

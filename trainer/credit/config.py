@@ -14,10 +14,12 @@ __all__ = ["CreditConfig", "METHODS", "SPAN_MODES", "RELEASE_PRESET", "env_famil
 
 METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd", "rlsd")
 SPAN_MODES = ("action_only", "clean_step")
-PRIORS = ("success", "reward")
+PRIORS = ("success", "release_reward")
 
 # AgentOPSD `release` preset (spec section 2): reproduces the public code.
-RELEASE_PRESET: dict[str, Any] = {"belief_gamma": 1.0, "eps0": 1e-4, "prior": "reward"}
+RELEASE_PRESET: dict[str, Any] = {"belief_gamma": 1.0, "eps0": 1e-4, "prior": "release_reward"}
+# The release's raw episode reward: 10 for a success, 0 otherwise (what its B_0 averages).
+RELEASE_SUCCESS_REWARD = 10.0
 
 
 def env_family(env_id: str) -> str:
@@ -62,7 +64,9 @@ class CreditConfig:
         decay_steps: lam_t = lam_mix * max(0, 1 - step / decay_steps); <= 0 keeps lam_mix constant.
         budget: the normalized per-step credit budget (on by default).
         budget_cap: C, the budget coefficients are clipped to [1/C, C].
-        teacher_mode: `stale` (a policy snapshot refreshed every `teacher_refresh` updates) or `live`.
+        teacher_mode: `stale` (a policy snapshot refreshed every `teacher_refresh` updates) or `live`
+            (the current policy). `for_env` gives StepOPSD `stale` and AgentOPSD `live` (spec section
+            2: AgentOPSD's teacher is the current (old) policy); the OpenRLHF bridge is always live.
         teacher_refresh: updates between snapshot refreshes.
         hindsight_peer: add the first successful peer's trajectory to failed episodes of mixed groups.
         hindsight_reference: add the env's hindsight reference (expert plan, gold answer, target).
@@ -74,8 +78,10 @@ class CreditConfig:
         b: b, the turn weights are clip(1 + b z_k, 1 - b, 1 + b).
         belief_gamma: gamma in c_k = gamma c_{k-1} + e_k.
         eps0: B_0 is clipped to [eps0, 1 - eps0].
-        prior: `success` (B_0 = S_g / G, binary successes) or `reward` (the group's raw reward
-            mean; the `release` preset).
+        prior: `success` (B_0 = S_g / G, binary successes) or `release_reward` (the `release`
+            preset: the group mean of the public code's raw 0/10 reward, 10 x success, so B_0
+            saturates to 1 - eps0 as soon as one episode of the group succeeds and is eps0 when none
+            does; no score and no invalid-turn penalty in it).
         skills_dir: a folder of skill files replacing trainer/skills (None: the project's own).
 
     RLSD (optional, section 3): w_t = clip(exp(sign(A) delta_t), 1 - rlsd_clip, 1 + rlsd_clip),
@@ -206,7 +212,8 @@ class CreditConfig:
         - WebShop: span `action_only`, invalid_coef 0.1, lam_mix 0.2, score_coef 1 (graded reward).
         - Search-QA: span `clean_step`, invalid_coef 0.01, lam_mix 0.1 (the spec allows 0.05 to 0.2).
         - anything else: span `clean_step` (works for any action format), invalid_coef 0.1.
-        AgentOPSD and RLSD always score the whole response (`clean_step`).
+        AgentOPSD and RLSD always score the whole response (`clean_step`); AgentOPSD's teacher is
+        the live policy (`teacher_mode="live"`).
         `preset="release"` applies AgentOPSD's release preset (gamma 1, eps0 1e-4, reward prior).
         Keyword overrides win over everything.
         """
@@ -222,6 +229,8 @@ class CreditConfig:
             values["score_coef"] = 1.0
         if method in ("agentopsd", "rlsd"):
             values["span_mode"] = "clean_step"
+        if method == "agentopsd":
+            values["teacher_mode"] = "live"
         if preset == "release":
             values.update(RELEASE_PRESET)
         elif preset != "default":

@@ -4,7 +4,7 @@ Training runs on OpenRLHF 0.11.2 (Ray + vLLM + DeepSpeed), not on a loop of ours
 what OpenRLHF has no notion of, and nothing else:
 
 - `agent_func.py`: the agent module for `--train.agent_func_path` (`AgentExecutor`), which plays
-  any registered env (`rollout.py`; token bookkeeping in `tokens.py`);
+  any registered env (`rollout.py`; token bookkeeping in `trainer/chat.py`);
 - `dataset.py`: the prompt dataset (one row per task: env id, split, seed);
 - `samples.py`: OpenRLHF's samples generator, keeping the executor's turn ids and records;
 - `experience.py`, `credit_rows.py`, `teacher.py`: OpenRLHF's experience maker with the credit

@@ -109,12 +109,15 @@ def rollout_token_rows(experiences, n_samples_per_prompt: int, tokenizer, config
         num_turns=num_turns,
         step_reward=step_reward,
         state_id=state_id,
+        rollout_logprobs=torch.cat(lp_s),
+        recorded=generated.clone(),
         span_mode=config.span_mode,
         contexts=["full"] * R,
         group_names=[str(g) for g in group_index],
         episode_ids=[ep.episode_id for ep in episodes],
         pad_token_id=pad_id,
         end_of_turn=getattr(tokenizer, "eos_token", None),
+        recorded_turns=int(num_turns.sum()),
         meta={"chat_template_kwargs": dict(chat_template_kwargs or {})},
     )
     return RolloutBatch(rows, episodes, torch.cat(lp_s), slices)

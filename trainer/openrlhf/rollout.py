@@ -38,7 +38,7 @@ from agentgym_opsd.context import ContextPolicy
 from agentgym_opsd.core import Hindsight, StepInfo
 from agentgym_opsd.episode import Episode, Turn
 from trainer.openrlhf.config import BridgeConfig, TaskLabel
-from trainer.openrlhf.tokens import ChatFraming, token_range
+from trainer.chat import ChatFraming, framing_for, token_range
 
 __all__ = ["EnvEpisodeRunner", "PromptTooLong"]
 
@@ -94,13 +94,12 @@ class EnvEpisodeRunner:
         self.settings = self.config.rollout
         self.pool = _EnvPool()
         self._threads = ThreadPoolExecutor(max_workers=int(self.settings.env_threads), thread_name_prefix="agentgym-env")
-        self._framings: dict[int, ChatFraming] = {}
 
     def framing(self, tokenizer: Any) -> ChatFraming:
-        key = id(tokenizer)
-        if key not in self._framings:
-            self._framings[key] = ChatFraming.for_tokenizer(tokenizer, **self.settings.chat_template_kwargs)
-        return self._framings[key]
+        """The policy's chat framing. OpenRLHF hands every call a freshly unpickled tokenizer, so the
+        cache is keyed by what the tokenizer is (`trainer.chat.tokenizer_identity`), not by the object:
+        one entry per distinct tokenizer, however many calls."""
+        return framing_for(tokenizer, **self.settings.chat_template_kwargs)
 
     async def _env_call(self, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+import random
+
 import pytest
 
-from trainer.openrlhf.tokens import ChatFraming, generated_char_offsets, token_range
+import trainer.chat as chat
+from trainer.chat import ChatFraming, framing_for, generated_char_offsets, token_range
 
 
 def test_framing_reproduces_the_chat_template_turn_by_turn(qwen3_tokenizer):
@@ -13,7 +17,7 @@ def test_framing_reproduces_the_chat_template_turn_by_turn(qwen3_tokenizer):
     messages = [{"role": "system", "content": "Rules."}, {"role": "user", "content": "You see a desk."}]
     prompt = framing.prompt_ids(messages)
     turn = "<action>go to desk 1</action>"
-    generated = tok(turn, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    generated = tok(turn, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
     text, offsets, closed = framing.split_response(generated)
     assert (text, closed) == (turn, True)
     sequence = prompt + generated + framing.feedback_ids("On the desk: a pen.", closed)
@@ -74,3 +78,39 @@ def test_framing_needs_a_chat_template(qwen3_tokenizer):
 
     with pytest.raises(ValueError, match="chat template"):
         ChatFraming.for_tokenizer(NoTemplate())
+
+
+def test_offsets_of_random_ids_cover_the_decoded_text(qwen3_tokenizer):
+    """An untrained policy samples ids whose bytes are not valid UTF-8 (mid-text and at the end):
+    the text is exactly what `decode` gives, and the offsets cover it in order."""
+    tok = qwen3_tokenizer
+    rng = random.Random(0)
+    vocab = tok.vocab_size
+    replacement = 0
+    for _ in range(300):
+        ids = [rng.randrange(vocab) for _ in range(rng.randint(1, 30))]
+        text, offsets = generated_char_offsets(tok, ids)
+        assert text == tok.decode(ids, skip_special_tokens=False)
+        assert len(offsets) == len(ids) and offsets[0][0] == 0
+        assert max(e for _, e in offsets) == len(text)
+        for (s0, e0), (s1, e1) in zip(offsets, offsets[1:]):
+            assert s1 == e0 or (s1 == s0 and e1 == e0)  # in order; tail tokens may share the last characters
+        replacement += text.endswith("\ufffd")
+    assert replacement > 0  # the test met ids ending inside a character
+
+
+def test_one_framing_per_tokenizer_however_many_unpickled_copies(qwen3_tokenizer):
+    """OpenRLHF sends each rollout call a freshly unpickled tokenizer: the framing cache must not grow
+    with the calls (it held one ~85 MiB tokenizer per call when it was keyed by id())."""
+    from trainer.policy import train_tokenizer
+
+    small = train_tokenizer(["<action>go to desk 1</action>", "You see a desk."] * 20, vocab_size=300)
+    for tokenizer, copies in ((small, 100), (qwen3_tokenizer, 3)):  # the real one is slow to unpickle
+        first = framing_for(tokenizer)
+        size = len(chat._FRAMINGS)
+        blob = pickle.dumps(tokenizer)
+        for _ in range(copies):
+            assert framing_for(pickle.loads(blob)) is first
+        assert len(chat._FRAMINGS) == size
+    assert framing_for(qwen3_tokenizer, enable_thinking=False) is not framing_for(qwen3_tokenizer)
+    assert framing_for(small) is not framing_for(qwen3_tokenizer)
