@@ -267,6 +267,8 @@ def _agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters
     seqs = []
     skill_cache: dict[tuple[str, str], str] = {}
     for r in range(rows.num_rows):
+        if not bool(rows.span[r].any()):  # nothing to score (e.g. an errored episode's placeholder row)
+            continue
         episode = episodes[int(rows.row_episode[r])]
         L, P = int(rows.length[r]), int(rows.prompt_len[r])
         key = (episode.env_id, episode.task_type)

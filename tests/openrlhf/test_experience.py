@@ -21,8 +21,11 @@ import torch
 
 pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
+import socket
+
+from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
 from trainer.openrlhf.config import BridgeConfig, TaskLabel
-from trainer.openrlhf.hf_engine import HFAsyncEngine
+from trainer.openrlhf.hf_engine import Completion, HFAsyncEngine, RequestOutput
 from trainer.openrlhf.launch import complete_flags, parse_openrlhf_flags
 
 GROUP = 8
@@ -271,3 +274,143 @@ def test_gigpo_clusters_the_env_state_keys(made, rollout, qwen3_tokenizer):
         assert torch.allclose(e.advantages, expected[start:end, 1 : n + 1] * e.action_mask, atol=1e-5)
         changed += int((e.advantages - base.advantages).abs().gt(1e-6).sum())
     assert changed > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# One bad episode never ends an OpenRLHF run: an env that raises, a retrieval server that is down, a
+# prompt that does not fit come back as errored samples (reward 0, zero advantage, counted), through
+# OpenRLHF's real samples-generator conversion and the credit experience maker; a batch in which every
+# episode failed stops the run with the first error. Data set errors (a malformed label, an unknown env
+# id) still raise at once.
+
+class RaisesAtTurnTwo(TextEnv):
+    """Plays one turn, then its engine breaks (a bug, a crashed simulator)."""
+
+    instructions = "Answer inside <action>...</action>."
+    allow_bare_action = True
+    max_turns = 5
+
+    @property
+    def num_tasks(self) -> int:
+        return 3
+
+    def _load_task(self, index, options):
+        self.task_id, self.task_type, self.turns = f"raise-{index}", "raise", 0
+        return "Say anything."
+
+    def _apply(self, action):
+        self.turns += 1
+        if self.turns >= 2:
+            raise RuntimeError("simulator crashed")
+        return Transition("Again.", admissible=True)
+
+    def state_key(self):
+        return hash_state(self.turns)
+
+    def hindsight(self):
+        return Hindsight(False, 0.0, "", {})
+
+
+register_env("erroredtest/RaisesAtTurnTwo-v0", RaisesAtTurnTwo, family="ErroredTest", splits=("test",))
+
+
+class ScriptedEngine:
+    """Always writes the same turn (a stand-in for vLLM's async generate, which needs a GPU)."""
+
+    def __init__(self, tokenizer, text: str) -> None:
+        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+    async def generate(self, prompt_token_ids, sampling_params):
+        return RequestOutput(list(prompt_token_ids), [Completion(list(self.ids), "", "stop")])
+
+
+def params():
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=None, min_tokens=1, skip_special_tokens=False)
+
+
+def play(executor, engine, tokenizer, labels, max_len=MAX_LEN):
+    async def run():
+        return await asyncio.gather(*[executor.execute("prompt", label, params(), max_len, tokenizer, engine) for label in labels])
+
+    return asyncio.run(run())
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_errored(response, reason):
+    record = response["agentgym"]["record"]
+    assert record["errored"] and record["reward"] == 0.0 and response["reward"] == 0.0
+    assert reason in record["episode"]["error"]
+    assert response["extra_logs"]["env/errored"] == 1.0
+    assert response["action_ranges"] == [(1, 2)] and response["agentgym"]["turn_ids"] == [-1, -1]
+
+
+def test_env_errors_server_outages_and_long_prompts_are_errored_samples(guess_policy, qwen3_tokenizer, example_env_id):
+    model, _ = guess_policy
+    tok = qwen3_tokenizer
+    from trainer.openrlhf.agent_func import AgentExecutor
+
+    executor = AgentExecutor(BridgeConfig.from_dict({"rollout": {"turn_max_tokens": 12, "max_turns": 3}}))
+    # An env that raises mid-episode.
+    crashed = play(executor, ScriptedEngine(tok, "<action>hi</action>"), tok,
+                   [TaskLabel("erroredtest/RaisesAtTurnTwo-v0", s).to_json() for s in range(3)])
+    for response in crashed:
+        assert_errored(response, "RuntimeError: simulator crashed")
+    # A retrieval server that is down when the agent searches.
+    label = TaskLabel("agentgym/SearchQA-Synthetic-v0", 0,
+                      env_kwargs={"server_url": f"http://127.0.0.1:{closed_port()}", "check_server": False}).to_json()
+    down = play(executor, ScriptedEngine(tok, "<search>capital of France</search>"), tok, [label])
+    assert_errored(down[0], "serve-retrieval")
+    # A first prompt longer than --data.max_len.
+    long = play(executor, HFAsyncEngine(model, tok), tok, [TaskLabel(example_env_id, 0).to_json()], max_len=8)
+    assert_errored(long[0], "PromptTooLong")
+    # Healthy episodes still play, and say they did not error.
+    fine = play(executor, HFAsyncEngine(model, tok, seed=1), tok, [TaskLabel(example_env_id, 2).to_json()])
+    assert fine[0]["extra_logs"]["env/errored"] == 0.0 and not fine[0]["agentgym"]["record"]["errored"]
+    # Data set errors are not episodes' bad luck: they raise.
+    from agentgym_opsd.registry import UnknownEnvError
+
+    with pytest.raises(UnknownEnvError):
+        play(executor, HFAsyncEngine(model, tok), tok, [TaskLabel("example/Nope-v0", 1).to_json()])
+
+
+def test_errored_samples_get_no_credit_and_do_not_move_their_group(rollout, qwen3_tokenizer):
+    """Two episodes of the first group fail: they get advantage 0 and the others of their group are
+    normalised among themselves (GRPO's A over the 6 that played)."""
+    from trainer.openrlhf.samples import AgentGymSamplesGenerator
+
+    tok = qwen3_tokenizer
+    from trainer.openrlhf.agent_func import AgentExecutor
+
+    executor = AgentExecutor(BridgeConfig.from_dict({"rollout": {"turn_max_tokens": 12, "max_turns": 3}}))
+    crashed = play(executor, ScriptedEngine(tok, "<action>hi</action>"), tok,
+                   [TaskLabel("erroredtest/RaisesAtTurnTwo-v0", 0).to_json()] * 2)
+    generator = AgentGymSamplesGenerator(rollout.strategy, None, None, tok, [])
+    errored = [generator._process_response_into_experience(r, max_len=MAX_LEN) for r in crashed]
+    samples = copy.deepcopy(rollout.samples)
+    failed_at = (1, 5)  # two episodes of the first prompt group
+    for position, sample in zip(failed_at, errored, strict=True):
+        samples[position] = sample
+    maker = make_maker(rollout, tok)
+    experiences = maker.make_experience_batch(samples)
+    assert maker.last_diagnostics["credit/errored_episodes"] == 2.0
+    rows = [(e.advantages[i], e.action_mask[i].bool()) for e in experiences for i in range(len(e.sequences))]
+    for position in failed_at:
+        assert bool((rows[position][0] == 0).all())
+    rewards = [json.loads(json.dumps(r["agentgym"]["record"]))["reward"] for r in rollout.responses]
+    played = [i for i in range(GROUP) if i not in failed_at]
+    R = torch.tensor([rewards[i] for i in played], dtype=torch.float64)
+    expected = (R - R.mean()) / (R.std() + 1e-6)
+    for i, value in zip(played, expected.tolist(), strict=True):
+        advantages, mask = rows[i]
+        assert torch.allclose(advantages[mask].double(), torch.full((int(mask.sum()),), value, dtype=torch.float64), atol=1e-5)
+    assert len(rows) == GROUP * len(SEEDS)
+
+    with pytest.raises(RuntimeError, match="every episode of this batch failed.*simulator crashed"):
+        make_maker(rollout, tok).make_experience_batch(copy.deepcopy(errored))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: 
 
 from agentgym_opsd.cli import main as cli_main
 from trainer.openrlhf.config import ENV_VAR, BridgeConfig, TaskLabel
-from trainer.openrlhf.launch import AGENT_FUNC_PATH, LaunchError, installed_trainer, launch
+from trainer.openrlhf.launch import AGENT_LOADER, LaunchError, code_runtime_env, installed_trainer, launch
 from trainer.openrlhf.presets import FAMILIES, MODELS, preset
 
 
@@ -23,7 +24,7 @@ def test_paper_presets_pass_openrlhfs_parser_and_checks(family, model):
     args = launch(BridgeConfig.from_dict(sections), flags, dry_run=True, out=out)
     f = FAMILIES[family]
     # What the bridge needs reached OpenRLHF's args.
-    assert args.train.agent_func_path == AGENT_FUNC_PATH
+    assert args.train.agent_func_path == AGENT_LOADER  # relative: resolves in Ray's working_dir on every node
     assert args.reward.remote_url == ["agent"]  # OpenRLHF's own consequence of an agent path
     assert (args.data.input_key, args.data.label_key, args.data.apply_chat_template) == ("prompt", "label", True)
     assert args.algo.advantage.estimator == "group_norm"
@@ -55,6 +56,54 @@ def test_flags_after_the_preset_win_and_bad_ones_are_refused():
         launch(config, flags + ["--no.such_flag", "1"], dry_run=True)
     with pytest.raises(LaunchError, match="checks failed: group_norm requires n_samples_per_prompt > 1"):
         launch(config, flags + ["--rollout.n_samples_per_prompt", "1"], dry_run=True)
+
+
+def test_a_kl_penalty_in_the_reward_is_refused_before_anything_starts():
+    """The credit advantages would overwrite a KL penalty folded into the reward: the dry run (and the
+    real launch, before Ray) refuses it, with OpenRLHF's own default init_coef (0.01)."""
+    sections, flags = preset("alfworld", "qwen3-1.7b", "stepopsd", prompts="train.jsonl")
+    config = BridgeConfig.from_dict(sections)
+    without_loss = [f for f in flags if f != "--algo.kl.use_loss"]
+    assert len(without_loss) == len(flags) - 1
+    with pytest.raises(LaunchError, match="KL penalty into the reward"):
+        launch(config, without_loss, dry_run=True)
+    with pytest.raises(LaunchError, match="KL penalty into the reward"):
+        launch(config, without_loss + ["--algo.kl.init_coef", "0.05"], dry_run=False)  # refused before Ray starts
+    args = launch(config, without_loss + ["--algo.kl.init_coef", "0"], dry_run=True, out=io.StringIO())
+    assert args.algo.kl.init_coef == 0
+
+
+def test_the_agent_module_resolves_from_a_ray_worker_in_the_shipped_working_dir(tmp_path):
+    """Multi-node: no absolute path of this machine reaches the workers. A real Ray worker started with
+    the launcher's runtime_env (py_modules + working_dir) loads the executor by the relative path,
+    with OpenRLHF's own loader, from a working directory that is not this checkout."""
+    import subprocess
+    import sys
+    import textwrap
+
+    env = code_runtime_env(tmp_path / "workdir")
+    assert (tmp_path / "workdir" / AGENT_LOADER).is_file()
+    assert sorted(p.rsplit("/", 1)[1] for p in env["py_modules"]) == ["agentgym_opsd", "environments", "retrieval_index", "trainer"]
+    script = textwrap.dedent(f"""
+        import json, os, ray
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env={env!r})
+
+        @ray.remote
+        def load():
+            from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
+            executor = _load_agent_executor({AGENT_LOADER!r})
+            import trainer
+            return [os.getcwd(), type(executor).__module__, trainer.__file__]
+
+        print(json.dumps(ray.get(load.remote())))
+        ray.shutdown()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cwd, module, trainer_file = json.loads(done.stdout.strip().splitlines()[-1])
+    repo = str(Path(__file__).resolve().parents[2])
+    assert not cwd.startswith(repo) and not trainer_file.startswith(repo)  # Ray's copies, not this checkout
+    assert module == "trainer.openrlhf.agent_func"
 
 
 def test_installed_trainer_is_what_train_ppo_ray_imports():

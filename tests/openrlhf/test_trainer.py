@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
 from trainer.openrlhf.config import ENV_VAR, BridgeConfig
-from trainer.openrlhf.launch import complete_flags, parse_openrlhf_flags
+from trainer.openrlhf.launch import AGENT_FUNC_PATH, complete_flags, parse_openrlhf_flags
 
 GROUP = 4
 PROMPT_SEEDS = "2,6,0"  # secrets 3, 7 (the warm-started policy opens with 3 or 7) and 1
@@ -77,8 +77,10 @@ def test_openrlhf_trainer_with_the_bridge_makes_credit_experience(guess_policy, 
         "--ds.attn_implementation", "eager",
     ]))
     monkeypatch.setenv(ENV_VAR, bridge.to_json())  # what the launcher exports to the trainer actor
+    # This session's Ray runs in-process without the launcher's job-level runtime_env (which ships the
+    # code to other nodes, test_launch.py checks it): the actor loads this checkout's agent module.
     engine = rollout_actor_class().options(runtime_env={"env_vars": {ENV_VAR: bridge.to_json()}}).remote(
-        args.train.agent_func_path, str(model_path), 5
+        AGENT_FUNC_PATH, str(model_path), 5
     )
     actor_group = policy_group
     strategy = DeepspeedStrategy(seed=0, zero_stage=2, args=args)

@@ -76,11 +76,15 @@ def rollout_token_rows(experiences, n_samples_per_prompt: int, tokenizer, config
     generated = turn_id >= 0
     span = torch.cat(action) & generated if config.span_mode == "action_only" else generated
     R = input_ids.shape[0]
-    if bool((~generated.any(dim=1)).any()):
+    errored = torch.tensor([ep.error is not None for ep in episodes], dtype=torch.bool)
+    if bool((~generated.any(dim=1) & ~errored).any()):
         raise ValueError("an episode without generated tokens reached the experience maker")
-    prompt_len = generated.long().argmax(dim=1)
+    # An errored episode (no turn generated, advantage 0) is a group of its own: it neither receives
+    # credit nor moves its task group's mean and std.
+    groups = [("errored", i) if errored[i] else g for i, g in enumerate(groups)]
+    prompt_len = torch.where(generated.any(dim=1), generated.long().argmax(dim=1), attention_mask.sum(dim=1))
     E, K = len(episodes), max([len(ep.turns) for ep in episodes] + [1])
-    group_index: dict[int, int] = {}
+    group_index: dict[Any, int] = {}
     state_index: dict[str, int] = {}
     step_reward = torch.zeros((E, K), dtype=torch.float32)
     state_id = torch.full((E, K), -1, dtype=torch.long)
@@ -90,6 +94,7 @@ def rollout_token_rows(experiences, n_samples_per_prompt: int, tokenizer, config
             if key:
                 state_id[i, k] = state_index.setdefault(key, len(state_index))
     group_ids = [group_index.setdefault(g, len(group_index)) for g in groups]
+    group_index_names = [str(g) for g in group_index]
     num_turns = torch.tensor([len(ep.turns) for ep in episodes], dtype=torch.long)
     if bool((turn_id.amax(dim=1) >= num_turns).any()):
         raise ValueError("turn ids disagree with the episode records")
@@ -113,7 +118,7 @@ def rollout_token_rows(experiences, n_samples_per_prompt: int, tokenizer, config
         recorded=generated.clone(),
         span_mode=config.span_mode,
         contexts=["full"] * R,
-        group_names=[str(g) for g in group_index],
+        group_names=group_index_names,
         episode_ids=[ep.episode_id for ep in episodes],
         pad_token_id=pad_id,
         end_of_turn=getattr(tokenizer, "eos_token", None),

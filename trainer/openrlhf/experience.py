@@ -60,8 +60,14 @@ class CreditExperienceMaker(RemoteExperienceMaker):
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences):
-        experiences = super().compute_advantages_and_returns(experiences)  # 1. stock GRPO, returns, logs
         records = [json.loads(r) for e in experiences for r in e.info[RECORD_KEY]]
+        errored = [r["episode"] for r in records if r["episode"].get("error")]
+        if errored and len(errored) == len(records):
+            raise RuntimeError(
+                f"every episode of this batch failed ({len(records)}); the first: {errored[0]['error']} "
+                "(is the retrieval server up, and does the env load?)"
+            )
+        experiences = super().compute_advantages_and_returns(experiences)  # 1. stock GRPO, returns, logs
         env_id = self.bridge.batch_env_id(r["episode"]["env_id"] for r in records)
         config = self.bridge.credit_config(env_id)
         batch = rollout_token_rows(
@@ -76,6 +82,7 @@ class CreditExperienceMaker(RemoteExperienceMaker):
             logs.update({f"teacher/{k}": float(v) for k, v in teacher[2].items()})
         advantages, diagnostics = credit_advantages(batch, config, self.update_step, teacher)  # 3. credit
         logs.update(scalar_logs(diagnostics))
+        logs["credit/errored_episodes"] = float(len(errored))
         self.last_diagnostics = logs
         for e, (start, end) in zip(experiences, batch.slices, strict=True):
             n = e.action_mask.shape[1]

@@ -15,7 +15,17 @@ What it does, in order:
    training loop run unchanged.
 
 `--dry-run` stops after OpenRLHF's parser and its argument checks (step 3 without Ray) and prints
-the final command: use it to check a launch script on a machine without GPUs.
+the final command: use it to check a launch script on a machine without GPUs. Flag combinations the
+bridge cannot honour (a KL penalty folded into the reward, which the credit advantages would
+overwrite) are refused in both modes, before Ray or any model starts.
+
+Multi-node: OpenRLHF loads the agent module from a file path in every rollout actor. The launcher
+ships the project's four packages (`agentgym_opsd`, `environments`, `retrieval_index`, `trainer`)
+with Ray's `py_modules`, and a loader file `agentgym_agent_func.py` in Ray's `working_dir`; the
+agent path it passes is that file's name, relative to the working directory Ray gives each worker,
+so it resolves on every node (`code_runtime_env`). What the envs read from disk (an ALFWorld data
+folder, a WebShop catalog, a retrieval index) must exist at the same path on every node, or be
+served (the retrieval server's URL).
 """
 
 from __future__ import annotations
@@ -40,11 +50,16 @@ __all__ = [
     "launch",
     "installed_trainer",
     "AGENT_FUNC_PATH",
+    "AGENT_LOADER",
     "ENTRY_MODULE",
+    "check_openrlhf_args",
+    "code_runtime_env",
 ]
 
 ENTRY_MODULE = "openrlhf.cli.train_ppo_ray"
-AGENT_FUNC_PATH = str(Path(__file__).with_name("agent_func.py"))
+AGENT_FUNC_PATH = str(Path(__file__).with_name("agent_func.py"))  # this machine's copy (single-process use)
+AGENT_LOADER = "agentgym_agent_func.py"  # in the shipped working_dir: the path every worker resolves
+SHIPPED_PACKAGES = ("agentgym_opsd", "environments", "retrieval_index", "trainer")
 
 # Ray worker environment that `train_ppo_ray.train` would set if it started Ray itself.
 _STOCK_RAY_ENV = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
@@ -88,7 +103,7 @@ def complete_flags(flags: Sequence[str]) -> list[str]:
             )
     added: list[str] = []
     if not _has(flags, "--train.agent_func_path"):
-        added += ["--train.agent_func_path", AGENT_FUNC_PATH]
+        added += ["--train.agent_func_path", AGENT_LOADER]
     if not _has(flags, "--data.input_key"):
         added += ["--data.input_key", "prompt"]
     if not _has(flags, "--data.label_key"):
@@ -172,6 +187,37 @@ def dataset_env_ids(path: str | None, limit: int = 10_000) -> list[str]:
     return sorted(ids)
 
 
+def check_openrlhf_args(args: Any) -> None:
+    """Refuse what OpenRLHF would accept but the bridge cannot honour, before anything starts."""
+    kl = args.algo.kl
+    if float(kl.init_coef) > 0 and not kl.use_loss:
+        raise LaunchError(
+            f"--algo.kl.init_coef {kl.init_coef} without --algo.kl.use_loss puts a KL penalty into the reward, "
+            "which the credit advantages would overwrite (OpenRLHF's default is 0.01): add --algo.kl.use_loss "
+            "(GRPO-style KL loss) or give --algo.kl.init_coef 0"
+        )
+
+
+def code_runtime_env(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """Ray's runtime_env entries that make the agent module resolve on every node.
+
+    Writes the loader file into `folder` (Ray's `working_dir`: every worker starts in a copy of it,
+    so `--train.agent_func_path agentgym_agent_func.py` resolves there) and lists the project's
+    package folders as `py_modules` (Ray puts them on every worker's import path).
+    """
+    import importlib
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / AGENT_LOADER).write_text(
+        '"""OpenRLHF loads this file by path in each rollout actor; the code comes from py_modules."""\n'
+        "from trainer.openrlhf.agent_func import AgentExecutor  # noqa: F401\n",
+        encoding="utf-8",
+    )
+    modules = [str(Path(importlib.import_module(name).__file__).parent) for name in SHIPPED_PACKAGES]
+    return {"working_dir": str(folder), "py_modules": modules}
+
+
 def check_bridge(config: BridgeConfig, flags: Sequence[str]) -> None:
     """Resolve the credit config now, so a typo fails before Ray and the models start."""
     env_ids = []
@@ -191,22 +237,31 @@ def launch(config: BridgeConfig, flags: Sequence[str], dry_run: bool = False, ou
     out = out or sys.stdout
     final = complete_flags(flags)
     check_bridge(config, final)
+    args = parse_openrlhf_flags(final)  # OpenRLHF's own parser, defaults and checks, no Ray
+    check_openrlhf_args(args)
     command = "python -m " + ENTRY_MODULE + " " + " ".join(shlex.quote(f) for f in final)
     if dry_run:
-        args = parse_openrlhf_flags(final)
         print(f"{ENV_VAR}={shlex.quote(config.to_json())}", file=out)
         print(command, file=out)
         return args
+    import tempfile
+
     import ray
 
     env_vars = {k: os.environ.get(k, v) for k, v in _STOCK_RAY_ENV.items()}
     env_vars[ENV_VAR] = config.to_json()
     os.environ[ENV_VAR] = env_vars[ENV_VAR]  # the driver reads it too
-    if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": env_vars})
-    print(command, file=out)
-    with installed_trainer():
-        _run_entry(final)
+    with tempfile.TemporaryDirectory(prefix="agentgym-ray-") as workdir:
+        if not ray.is_initialized():
+            ray.init(runtime_env={"env_vars": env_vars, **code_runtime_env(workdir)})
+        elif _flag_value(final, "--train.agent_func_path") == AGENT_LOADER:
+            raise LaunchError(
+                "Ray is already running in this process without the project's code in its runtime_env; "
+                f"start it with ray.init(runtime_env=code_runtime_env(DIR)) or pass --train.agent_func_path {AGENT_FUNC_PATH}"
+            )
+        print(command, file=out)
+        with installed_trainer():
+            _run_entry(final)
     return None
 
 

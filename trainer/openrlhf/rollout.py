@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
+import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -127,16 +128,27 @@ class EnvEpisodeRunner:
             llm_engine: has `async generate(prompt_token_ids, sampling_params)` returning a
                 vLLM `RequestOutput`.
         """
-        task = TaskLabel.parse(label)
+        task = TaskLabel.parse(label)  # a malformed label or an unknown env id is a data set error: it raises
+        agentgym_opsd.registry.entry(task.env_id)
         env_kwargs = {**self.settings.env_kwargs, **task.env_kwargs}
         if self.settings.max_turns is not None:
             env_kwargs.setdefault("max_turns", int(self.settings.max_turns))
         framing = self.framing(hf_tokenizer)
-        env = await self._env_call(self.pool.acquire, task.env_id, env_kwargs)
+        try:
+            env = await self._env_call(self.pool.acquire, task.env_id, env_kwargs)
+        except Exception as e:  # noqa: BLE001 - one bad episode never ends the run
+            return self._errored(task, prompt, framing, sampling_params, e)
+        healthy = True
         try:
             return await self._play(env, task, env_kwargs, prompt, sampling_params, int(max_length), framing, llm_engine)
+        except Exception as e:  # noqa: BLE001 - env failure, retrieval server down, prompt too long
+            healthy = False
+            return self._errored(task, prompt, framing, sampling_params, e)
         finally:
-            self.pool.release(task.env_id, env_kwargs, env)
+            if healthy:
+                self.pool.release(task.env_id, env_kwargs, env)
+            else:  # an env that failed mid-episode is not reused
+                await self._env_call(_close_quietly, env)
 
     async def _play(self, env, task, env_kwargs, prompt, sampling_params, max_length, framing, llm_engine):
         raw = env.unwrapped
@@ -224,6 +236,37 @@ class EnvEpisodeRunner:
         return self._response(task, prompt, episode, tokens, turn_ids, action_ranges, action_spans,
                               rollout_log_probs, finish_reason == "length", context_full)
 
+    def _errored(self, task: TaskLabel, prompt: str, framing: ChatFraming, sampling_params: Any,
+                 error: BaseException) -> dict[str, Any]:
+        """An episode that failed (its env raised, the retrieval server was down, its prompt did not
+        fit) as a sample OpenRLHF can carry: reward 0, a record with the error, and one placeholder
+        token that OpenRLHF's action mask needs but the credit core gives no turn, hence advantage 0
+        (`trainer.openrlhf.credit_rows` also puts it in a group of its own). Counted in
+        `env/errored` and `credit/errored_episodes`; a batch where every episode errored stops the run."""
+        reason = f"{type(error).__name__}: {error}"
+        stop = framing.close_id if framing.close_id is not None else getattr(framing.tokenizer, "eos_token_id", None)
+        stop = int(stop if stop is not None else 0)
+        episode = Episode(
+            env_id=task.env_id, task_id="", task_type="", episode_id=f"errored-{task.env_id}#{task.seed}-{uuid.uuid4().hex[:8]}",
+            seed=task.seed, agent=AGENT_NAME, context="full", instructions="", initial_observation="", initial=None,
+            group=f"{task.env_id}#{task.seed}", error=reason,
+        )
+        record = {
+            "episode": episode.to_dict(), "success": False, "score": 0.0, "env_return": 0.0, "invalid_turns": 0,
+            "num_turns": 0, "context_full": False, "reward": 0.0, "errored": True,
+        }
+        return {
+            "prompt": prompt, "label": task.to_json(), "images": None, "mm_train_inputs": None,
+            "reward": 0.0, "scores": 0.0,
+            "observation_tokens": [stop, stop],
+            "action_ranges": [(1, 2)],
+            "rollout_log_probs": [0.0, 0.0] if getattr(sampling_params, "logprobs", None) is not None else None,
+            "truncated": False,
+            "extra_logs": {"env/success": 0.0, "env/score": 0.0, "env/return": 0.0, "env/turns": 0.0,
+                           "env/invalid_turns": 0.0, "env/context_full": 0.0, "env/errored": 1.0},
+            "agentgym": {"turn_ids": [-1, -1], "action_spans": [None], "record": record, "placeholder": [1]},
+        }
+
     def _response(self, task, prompt, episode, tokens, turn_ids, action_ranges, action_spans,
                   rollout_log_probs, length_cut, context_full) -> dict[str, Any]:
         from trainer.credit import outcome_reward
@@ -248,6 +291,7 @@ class EnvEpisodeRunner:
             "num_turns": episode.num_turns,
             "context_full": bool(context_full),
             "reward": float(reward),
+            "errored": False,
         }
         return {
             "prompt": prompt,
@@ -267,6 +311,7 @@ class EnvEpisodeRunner:
                 "env/turns": float(episode.num_turns),
                 "env/invalid_turns": float(invalid),
                 "env/context_full": float(context_full),
+                "env/errored": 0.0,
             },
             "agentgym": {"turn_ids": turn_ids, "action_spans": action_spans, "record": record},
         }
@@ -274,6 +319,13 @@ class EnvEpisodeRunner:
     def close(self) -> None:
         self.pool.close()
         self._threads.shutdown(wait=False)
+
+
+def _close_quietly(env) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 - it already failed once
+        pass
 
 
 def _sampled_log_probs(output: Any, generated: list[int]) -> list[float]:

@@ -33,8 +33,12 @@ def turn_structure(response: dict[str, Any], truncate_length: int) -> tuple[torc
     Position j describes token j+1 of the sequence (OpenRLHF's action mask is `mask[1:]`), and the
     sequence is cut at `truncate_length` as OpenRLHF cuts it.
 
+    An errored episode's sample (`trainer.openrlhf.rollout`) holds one placeholder token in
+    OpenRLHF's action mask that no turn generated: it gets turn 0 here (no credit) and is counted
+    as a placeholder.
+
     Returns:
-        `(turn_plus_one, action)`: long tensors of length `min(T, truncate_length) - 1`.
+        `(turn_plus_one, action, placeholder)`: long tensors of length `min(T, truncate_length) - 1`.
     """
     extra = response["agentgym"]
     turn_ids = torch.tensor(extra["turn_ids"], dtype=torch.long)
@@ -46,7 +50,10 @@ def turn_structure(response: dict[str, Any], truncate_length: int) -> tuple[torc
     for span in extra["action_spans"]:
         if span is not None:
             action[int(span[0]) : int(span[1])] = 1
-    return (turn_ids + 1)[1:truncate_length], action[1:truncate_length]
+    placeholder = torch.zeros_like(turn_ids)
+    for position in extra.get("placeholder", []):
+        placeholder[int(position)] = 1
+    return (turn_ids + 1)[1:truncate_length], action[1:truncate_length], placeholder[1:truncate_length]
 
 
 class AgentGymSamplesGenerator(SamplesGenerator):
@@ -60,8 +67,8 @@ class AgentGymSamplesGenerator(SamplesGenerator):
                 "--train.agent_func_path pointing at trainer/openrlhf/agent_func.py (agentgym-opsd train-openrlhf does)"
             )
         truncate_length = generate_kwargs.get("max_len", 2048)
-        turn, action = turn_structure(response, truncate_length)
-        generated = turn > 0
+        turn, action, placeholder = turn_structure(response, truncate_length)
+        generated = (turn > 0) | (placeholder > 0)
         if not torch.equal(generated.long(), experience.action_mask[0].long()):
             raise AssertionError("turn ids disagree with OpenRLHF's action mask; the executor's ranges are inconsistent")
         experience.info[TURN_KEY] = turn.unsqueeze(0)
