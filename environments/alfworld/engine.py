@@ -60,6 +60,18 @@ NOTHING_HAPPENS = "Nothing happens."
 # the state key: looking twice does not make a new state.
 BOOKKEEPING_PREDICATES = frozenset({"checked", "examined"})
 
+# TextWorld records an atom that an action deleted as a `not_<predicate>` fact. Most are history that
+# nothing reads, but the grammar's text may: ALFRED's `look` lists the objects at the agent's location
+# with `not_inreceptacle(o, r)` (an object taken from a receptacle there and put into another one there
+# shows "Next to it, you see ..."), and `examine` says "This desklamp is off." on `not_istoggled`. The
+# state key keeps exactly the `not_*` facts the game's grammar reads.
+_NEGATED_READ = re.compile(r"\bnot_(\w+)\s*\(")
+
+
+def negated_predicates_read(grammar_text: str) -> frozenset[str]:
+    """The `not_<predicate>` facts a grammar's conditions and list queries read (e.g. `not_inreceptacle`)."""
+    return frozenset(f"not_{name.lower()}" for name in _NEGATED_READ.findall(grammar_text))
+
 
 class GameFileError(ValueError):
     """A game file cannot be read or played; the message names the file and the problem."""
@@ -445,6 +457,7 @@ class CompiledGame:
     name2type: dict[str, str]
     init_facts: list[Any]
     static_predicates: frozenset[str]
+    negated_read: frozenset[str] = frozenset()  # `not_*` facts the grammar's text reads (kept in the state key)
     infos: dict[str, Any] = field(default_factory=dict)  # entity id -> EntityInfo (demangled names)
     initial_facts: Any = None  # a TextWorld State, set on the first load
     intro: str | None = None
@@ -597,6 +610,7 @@ def _from_translation(key: str, data: dict[str, Any], modernized: bool, translat
         name2type=name2type,
         init_facts=init_facts,
         static_predicates=frozenset(translation["static_predicates"]),
+        negated_read=negated_predicates_read(data["grammar"]),
     )
 
 
@@ -723,13 +737,21 @@ class AlfredEngine:
         return feedback
 
     def state_key_parts(self) -> tuple[str, tuple]:
-        """The game and the true atoms that actions change, sorted: equal states give equal parts.
+        """The game and the facts that decide what the agent can see and do, sorted: two states with
+        equal parts give the same text for every command and the same admissible commands.
 
-        Left out: atoms no action changes (the same in every state of the game, identified by its key),
-        TextWorld's `not_*` facts (records of atoms an action deleted: history, not state; fast-downward's
-        state has only the true atoms), and the `checked`/`examined` bookkeeping of what was looked at."""
+        Kept: the true atoms that actions change, and the `not_*` records of deleted atoms that the
+        grammar's text reads (`not_inreceptacle`, `not_istoggled` in ALFRED's grammar; see
+        `negated_predicates_read`). Left out: atoms no action changes (the same in every state of the
+        game, identified by its key), the other `not_*` records (history no text or precondition reads,
+        e.g. `not_atlocation`), and the `checked`/`examined` bookkeeping of what was looked at."""
+        read = self.game.negated_read
         fluents = tuple(
-            sorted(f for f in self._fluents if f[0] not in BOOKKEEPING_PREDICATES and not f[0].startswith("not_"))
+            sorted(
+                f
+                for f in self._fluents
+                if f[0] not in BOOKKEEPING_PREDICATES and (not f[0].startswith("not_") or f[0] in read)
+            )
         )
         return self.game.key, fluents
 
