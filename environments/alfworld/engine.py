@@ -239,6 +239,11 @@ class _FactState:
 # ---------------------------------------------------------------------------------------------------------
 # The grammar: parsed once, rendered by a small evaluator over TextWorld's symbols.
 
+# TextWorld's grammar and logic parsers (tatsu) keep state in the parser object: two threads parsing at
+# once fail ("pop from empty list", "expecting 'action'"). Every parse, and the caches they fill, go
+# through this lock; once a game's grammar is parsed, playing it parses nothing more.
+_PARSE_LOCK = threading.RLock()
+
 _TASK_RULE = re.compile(r'("task"\s*:\s*\[\s*\{\s*"rhs"\s*:\s*)"((?:[^"\\]|\\.)*)"')
 _TASK_PLACEHOLDER = "@@AGENTGYM-TASK@@"
 
@@ -264,7 +269,8 @@ class _Grammar:
 
 def _parse_symbols(text: str) -> list[Any]:
     tw = _TW.load()
-    grammar = tw.textgen.ContextSensitiveGrammar.parse(json.dumps({"x": [{"rhs": text}]}))
+    with _PARSE_LOCK:
+        grammar = tw.textgen.ContextSensitiveGrammar.parse(json.dumps({"x": [{"rhs": text}]}))
     return list(grammar._rules["x"][0].rhs)
 
 
@@ -275,7 +281,9 @@ def _condition(text: str):
     """A grammar condition or list query, parsed once per process."""
     rule = _CONDITIONS.get(text)
     if rule is None:
-        rule = _TW.load().Rule.parse_conjunctive_query(text)
+        tw = _TW.load()
+        with _PARSE_LOCK:
+            rule = tw.Rule.parse_conjunctive_query(text)
         _CONDITIONS[text] = rule
     return rule
 
@@ -290,6 +298,11 @@ def _grammar_for(domain: str, grammar_text: str) -> tuple[_Grammar, list[Any] | 
         `(grammar, task_rule)`: `task_rule` is the game's own `task` production (rhs symbols) to use
         instead of the shared one, or None when the grammar was parsed whole.
     """
+    with _PARSE_LOCK:
+        return _grammar_for_locked(domain, grammar_text)
+
+
+def _grammar_for_locked(domain: str, grammar_text: str) -> tuple[_Grammar, list[Any] | None]:
     match = _TASK_RULE.search(grammar_text)
     task_rhs: list[Any] | None = None
     if match is not None:
@@ -464,6 +477,7 @@ class CompiledGame:
     initial_ops: list[tuple[int, int, str]] | None = None
     operators: dict[str, _Operator] = field(default_factory=dict)
     renderer: _Renderer | None = None
+    first_load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def names(self) -> dict[str, str]:
@@ -590,11 +604,12 @@ def _translation(data: Mapping[str, Any]) -> dict[str, Any]:
 def _from_translation(key: str, data: dict[str, Any], modernized: bool, translation: Mapping[str, Any]) -> CompiledGame:
     tw = _TW.load()
     grammar, task_rule = _grammar_for(data["pddl_domain"], data["grammar"])
-    for name, supertypes in translation["types"]:  # as PddlState does: the types the grammar queries use
-        try:
-            grammar.logic.types.add(tw.logic.Type(name, supertypes))
-        except ValueError:
-            pass
+    with _PARSE_LOCK:  # the parsed logic is shared by every game with this grammar
+        for name, supertypes in translation["types"]:  # as PddlState does: the types the grammar queries use
+            try:
+                grammar.logic.types.add(tw.logic.Type(name, supertypes))
+            except ValueError:
+                pass
     name2type = dict(translation["name2type"])
     init_facts = [tw.Proposition(p, [tw.Variable(a, name2type[a]) for a in args]) for p, args in translation["init_facts"]]
     walkthrough = data.get("walkthrough")
@@ -689,8 +704,10 @@ class AlfredEngine:
             self._lib = _LIBRARIES.acquire()
         self._lib.load_sas(game.sas)
         self._loaded_key = game.key
-        if game.initial_facts is None:
-            self._first_load(game)
+        if game.initial_ops is None:  # set last by _first_load: when it is there, everything is
+            with game.first_load_lock:
+                if game.initial_ops is None:
+                    self._first_load(game)
         self.facts = _FactState.clone(game.initial_facts)
         self._fluents = {
             (f.name, tuple(a.name for a in f.arguments))
@@ -762,7 +779,8 @@ class AlfredEngine:
     # -- internals ---------------------------------------------------------------------------------------
 
     def _first_load(self, game: CompiledGame) -> None:
-        """Initial facts, names, intro and initial commands of a game (once per process)."""
+        """Initial facts, names, intro and initial commands of a game (once per process, under the
+        game's `first_load_lock`; `initial_ops`, which other threads check, is set last)."""
         tw = _TW.load()
         state = _FactState.empty(game.grammar.logic)
         state.add_facts(game.init_facts)

@@ -211,3 +211,48 @@ def test_state_key_keeps_the_deleted_atoms_the_text_reads(real_game: Path) -> No
     grammar = (alfworld_package_dir() / "data" / "alfred.twl2").read_text()
     assert negated_predicates_read(grammar) == {"not_inreceptacle", "not_istoggled"}
     assert compile_game(real_game).negated_read == {"not_inreceptacle", "not_istoggled"}
+
+
+def test_first_loads_and_grammar_parses_are_safe_under_threads(make_env, monkeypatch) -> None:
+    """8 threads reset the same 6 games at once, each game for the first time in the process (empty
+    game, grammar and condition caches): every reset gives the game's intro and admissible commands."""
+    import threading
+
+    probe = make_env(split="train")
+    expected = []
+    for seed in range(6):
+        obs, info = probe.reset(seed=seed)
+        expected.append((obs, tuple(info["step"].admissible_actions)))
+    probe.close()
+    for name in ("_COMPILED", "_GRAMMARS", "_CONDITIONS"):
+        monkeypatch.setattr(engine_module, name, type(getattr(engine_module, name))())
+
+    n_threads = 8
+    barrier = threading.Barrier(n_threads)
+    results: dict[int, list] = {}
+
+    def play(worker: int) -> None:
+        env = make_env(split="train")
+        out = []
+        try:
+            for seed in range(6):
+                barrier.wait(timeout=60)
+                try:
+                    obs, info = env.reset(seed=seed)
+                    out.append((obs, tuple(info["step"].admissible_actions)))
+                except Exception as e:  # recorded, so that the assertion shows what went wrong
+                    out.append(f"{type(e).__name__}: {e}")
+        finally:
+            env.close()
+            results[worker] = out
+
+    threads = [threading.Thread(target=play, args=(k,)) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert sorted(results) == list(range(n_threads))
+    for worker, out in results.items():
+        errors = [r for r in out if isinstance(r, str)]
+        assert not errors, f"thread {worker}: {errors[:2]}"
+        assert out == expected
