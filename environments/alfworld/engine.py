@@ -799,11 +799,14 @@ class AlfredEngine:
                 info.definite = "the"
                 info.indefinite = "a"
                 infos[var.name] = info
-        # ALFWorld's names ("cabinet 3") from the mangled ALFRED ids, as AlfredDemangler does.
+        # ALFWorld's names ("cabinet 3") from the mangled ALFRED ids, as AlfredDemangler does. An id
+        # without ALFRED's "_bar_" parts ("desk", "book1" in a hand-written problem) keeps its own name,
+        # as TextWorld's PddlEnv names it: the demangler would make it "desk " (a trailing space that no
+        # stripped command matches, and "a desk ," in the text).
         misc = import_alfworld("alfworld.agents.utils.misc")
         demangler = misc.Demangler(game_infos=infos, shuffle=False)
         for info in infos.values():
-            info.name = demangler.demangle_alfred_name(info.id)
+            info.name = demangler.demangle_alfred_name(info.id) if "_bar_" in info.id else info.id
         game.infos = infos
         game.renderer = _Renderer(game.grammar, game.task_rule, infos)
         game.initial_facts = state
