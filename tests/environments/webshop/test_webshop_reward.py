@@ -155,6 +155,8 @@ def test_builtin_nouns_drop_participles_and_adjectives_as_spacys_model_does():
         "toe", "pumps", "strap", "%", "leather", "|", "black",
     )
     assert builtin_nouns("Bed Sheet Set, Breed Speed") == ("bed", "sheet", "set", "breed", "speed")  # nouns in -ed
+    # the "t" of "T-Shirt" is a noun to the model; measures are numbers
+    assert builtin_nouns("Men's T-Shirt 3D Print, 42W, 50ml") == ("men", "t", "shirt", "print")
 
 
 def _spacy_model_for_tests():
@@ -174,7 +176,7 @@ def _spacy_model_for_tests():
 
 def test_builtin_tagger_agrees_with_spacys_model_on_webshop_titles(shared_data):
     """The built-in tagger against WebShop's own (spaCy's model) on the real sample: the same reward on
-    every target purchase, and on at least 98.5% of goal x product pairs (98.9% measured on all 50,100)."""
+    every target purchase, and on at least 99% of goal x product pairs (99.56% measured on all 50,100)."""
     from environments.webshop.catalog import Catalog
     from environments.webshop.goals import build_goals
     from environments.webshop.reward import noun_tagger
@@ -192,7 +194,7 @@ def test_builtin_tagger_agrees_with_spacys_model_on_webshop_titles(shared_data):
             same += ours == theirs
             if p.asin == g.asin:
                 assert ours == theirs, g.name
-    assert same / total >= 0.985, f"{same}/{total}"
+    assert same / total >= 0.99, f"{same}/{total}"
 
 
 # ------------------------------------------------------------------------------------------------
