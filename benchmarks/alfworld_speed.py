@@ -92,10 +92,37 @@ def compare_threads(plans, thread_counts: list[int], rounds: int = 3) -> None:
                 steps = sum(pool.map(replay, jobs))
                 rate = steps / (time.perf_counter() - t0)
             best[n] = max(best.get(n, 0.0), rate)
+    # Threads overlap only what runs without the GIL: fast-downward's C calls (ctypes releases it).
+    in_c = [0.0]
+
+    class TimedLibrary:
+        def __init__(self, lib) -> None:
+            self.lib = lib
+
+        def __getattr__(self, name):
+            call = getattr(self.lib, name)
+
+            def timed(*args):
+                t0 = time.perf_counter()
+                try:
+                    return call(*args)
+                finally:
+                    in_c[0] += time.perf_counter() - t0
+
+            return timed
+
+    for env, _, _ in jobs:
+        env.engine._lib = TimedLibrary(env.engine._lib)
+    t0 = time.perf_counter()
+    for job in jobs:
+        replay(job)
+    share = in_c[0] / (time.perf_counter() - t0)
     print()
     print(f"env threads (the {len(jobs)} games replayed at once on a thread pool; best of {rounds} rounds):")
     for n in thread_counts:
         print(f"  {n} thread{'s' if n > 1 else ' '}  {best[n]:8.0f} steps/s   x{best[n] / best[thread_counts[0]]:.2f}")
+    print(f"  time in fast-downward's C calls (the GIL released): {share:.1%} of a step; the rest is Python under the GIL,"
+          f" so N threads gain at most x{1 / (1 - share + share / max(thread_counts)):.2f}")
     for env, _, _ in jobs:
         env.close()
 
