@@ -12,6 +12,9 @@ Compared, in one run:
 - `AlfredTWEnv`: alfworld's gym env itself (a batch of 1, in its worker process) on the real ALFWorld game
   in ../shared/data/alfworld, when present.
 
+- threads: the same games stepped by N threads at once (a pool of N, one env per game, as the OpenRLHF
+  bridge steps envs with `rollout.env_threads`), against one thread: whether more env threads are faster.
+
 Actions: for each game, a fixed sequence recorded once from our env (seeded: random admissible commands,
 a few non-admissible ones, then the expert to the goal), replayed identically on every engine; the
 observations are checked equal along the way.
@@ -61,6 +64,69 @@ def record_actions(env, seed: int, random_steps: int, rng: random.Random) -> lis
     return actions
 
 
+def compare_threads(plans, thread_counts: list[int], rounds: int = 3) -> None:
+    """Steps per second when the games' replays run on a pool of N threads (one env per game)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from environments.alfworld.env import AlfWorldEnv
+
+    jobs = []
+    for env, index, _, actions in plans:
+        options = {"source": "alfworld", "data_dir": str(SHARED_GAME_ROOT), "split": "train"} if env.source == "alfworld" else {"split": env.split}
+        jobs.append((AlfWorldEnv(progress=False, **options), index, actions))
+
+    def replay(job) -> int:
+        env, index, actions = job
+        env.reset(seed=index)
+        for command in actions:
+            env.step(command)
+        return len(actions)
+
+    for job in jobs:  # every game loaded once in this process before timing
+        replay(job)
+    best: dict[int, float] = {}
+    for _ in range(rounds):  # interleaved rounds: a busy machine slows every count alike
+        for n in thread_counts:
+            with ThreadPoolExecutor(max_workers=n) as pool:
+                t0 = time.perf_counter()
+                steps = sum(pool.map(replay, jobs))
+                rate = steps / (time.perf_counter() - t0)
+            best[n] = max(best.get(n, 0.0), rate)
+    # Threads overlap only what runs without the GIL: fast-downward's C calls (ctypes releases it).
+    in_c = [0.0]
+
+    class TimedLibrary:
+        def __init__(self, lib) -> None:
+            self.lib = lib
+
+        def __getattr__(self, name):
+            call = getattr(self.lib, name)
+
+            def timed(*args):
+                t0 = time.perf_counter()
+                try:
+                    return call(*args)
+                finally:
+                    in_c[0] += time.perf_counter() - t0
+
+            return timed
+
+    for env, _, _ in jobs:
+        env.engine._lib = TimedLibrary(env.engine._lib)
+    t0 = time.perf_counter()
+    for job in jobs:
+        replay(job)
+    share = in_c[0] / (time.perf_counter() - t0)
+    print()
+    print(f"env threads (the {len(jobs)} games replayed at once on a thread pool; best of {rounds} rounds):")
+    for n in thread_counts:
+        print(f"  {n} thread{'s' if n > 1 else ' '}  {best[n]:8.0f} steps/s   x{best[n] / best[thread_counts[0]]:.2f}")
+    print(f"  time in fast-downward's C calls (the GIL released): {share:.1%} of a step; the rest is Python under the GIL,"
+          f" so N threads gain at most x{1 / (1 - share + share / max(thread_counts)):.2f}")
+    for env, _, _ in jobs:
+        env.close()
+
+
 def summary(values: list[float]) -> str:
     return f"mean {1000 * statistics.fmean(values):8.2f} ms   median {1000 * statistics.median(values):8.2f} ms   (n={len(values)})"
 
@@ -71,6 +137,7 @@ def main() -> int:
     parser.add_argument("--split", default="valid_seen")
     parser.add_argument("--random-steps", type=int, default=12, help="random commands before the expert takes over")
     parser.add_argument("--no-alfredtwenv", action="store_true", help="skip alfworld's AlfredTWEnv on the real game")
+    parser.add_argument("--threads", default="1,2,4", help="thread counts for the env-threads comparison ('' to skip)")
     args = parser.parse_args()
 
     import textworld
@@ -161,6 +228,10 @@ def main() -> int:
     print(f"ratio ours/raw: reset {r_reset:.4f} (new process {r_cold:.3f}, 1st use {r_first:.2f}), step {r_step:.4f} "
           f"-> per-step overhead {100 * (r_step - 1):+.1f}% (goal: <= +10%), speed-up x{1 / r_step:.0f}")
     print(f"observation/admissible mismatches along the replay: {mismatches}")
+
+    thread_counts = [int(t) for t in args.threads.split(",") if t.strip()]
+    if thread_counts:
+        compare_threads(plans, thread_counts)
 
     if real is not None and not args.no_alfredtwenv:
         from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv

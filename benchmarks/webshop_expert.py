@@ -10,6 +10,12 @@ value of the target matches, the texts the reward compares and their token-set s
 
 Prints success rate, mean score and mean turns of the expert and the random agent, then one line
 per failed goal; `--json PATH` also writes them.
+
+Then the type tagger line: the built-in noun tagger against spaCy's model (WebShop's own tagger) on
+every goal x every product of the catalog (options: each group's first value; the catalog's price):
+how often r_type and the total reward are equal, overall and on the target purchases. spaCy's
+`en_core_web_sm` is not on PyPI: pass `--spacy-model NAME_OR_FOLDER` (an installed model package or
+an unpacked model folder); without one the line says it was skipped.
 """
 
 from __future__ import annotations
@@ -57,12 +63,50 @@ def explain_option(goal_option, target_values: list[str]) -> str:
     return "; ".join(parts)
 
 
+def tagger_agreement(world, spacy_model: str) -> dict:
+    """The built-in noun tagger against spaCy's model: equal r_type and equal total reward over every
+    goal x product pair of the world's catalog (printed, and returned with the counts)."""
+    from agentgym_opsd.core import EnvUnavailable
+    from environments.webshop.reward import builtin_nouns, noun_tagger, webshop_reward
+
+    try:
+        spacy_nouns = noun_tagger(f"spacy:{spacy_model}")
+    except EnvUnavailable as e:
+        line = f"type tagger vs spaCy: skipped ({e})"
+        print(line)
+        return {"line": line}
+    catalog = world.catalog
+    counts = {"pairs": 0, "r_type_equal": 0, "total_equal": 0, "targets": 0, "targets_equal": 0}
+    for goal in tqdm(world.goals, desc="tagger agreement", unit="goal", leave=False):
+        for product in catalog.products:
+            options = {k: v[0] for k, v in product.options.items() if v}
+            price = catalog.price(product.asin)
+            ours = webshop_reward(product, goal, price, options, builtin_nouns)
+            theirs = webshop_reward(product, goal, price, options, spacy_nouns)
+            counts["pairs"] += 1
+            counts["r_type_equal"] += ours.r_type == theirs.r_type
+            counts["total_equal"] += ours.reward == theirs.reward
+            if product.asin == goal.asin:
+                counts["targets"] += 1
+                counts["targets_equal"] += ours.reward == theirs.reward
+    n = counts["pairs"]
+    line = (
+        f"type tagger vs spaCy ({spacy_model}): {len(world.goals)} goals x {len(catalog)} products = {n} pairs: "
+        f"r_type equal {counts['r_type_equal'] / n:.2%}, total reward equal {counts['total_equal'] / n:.2%} "
+        f"({n - counts['total_equal']} differ); target purchases {counts['targets_equal']}/{counts['targets']}"
+    )
+    print(line)
+    return {"line": line, **counts}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--catalog", default=str(DEFAULT_CATALOG) if DEFAULT_CATALOG.exists() else "builtin")
     parser.add_argument("--split", default="all", choices=["test", "eval", "train", "all"])
     parser.add_argument("--index-dir", default=None, help="index folder (default: a temporary one, built here)")
     parser.add_argument("--json", default=None, help="also write the figures and failures to this JSON file")
+    parser.add_argument("--spacy-model", default="en_core_web_sm", help="spaCy model package or folder for the tagger line")
+    parser.add_argument("--no-agents", action="store_true", help="only the tagger line")
     args = parser.parse_args(argv)
 
     index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-expert-")) / "index")
@@ -75,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     n = probe.num_tasks
     requests = [EpisodeRequest(seed=i) for i in range(n)]
     results = {}
+    tagger = tagger_agreement(probe.world, args.spacy_model)
+    if args.no_agents:
+        return 0
     for name, agent in (("expert", ExpertAgent()), ("random", RandomAgent(0))):
         episodes = run_episodes(make, agent, requests, num_envs=8, progress=f"{name} on {n} goals")
         results[name] = episodes
@@ -117,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {f['task_id']}  score {f['score']:.3f}  {f['asin']}: " + " | ".join(f["reasons"]))
     kinds = Counter("not found" if "not found" in " ".join(f["reasons"]) else "unattainable on the target" for f in failures)
     print(f"by cause: {dict(kinds)}")
+    print(tagger["line"])
     if args.json:
         atomic_write_json(
             args.json,
@@ -129,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 for name, eps in results.items()
             }
-            | {"expert_failures": failures},
+            | {"expert_failures": failures, "tagger": tagger},
         )
     return 0
 

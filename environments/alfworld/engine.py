@@ -60,6 +60,18 @@ NOTHING_HAPPENS = "Nothing happens."
 # the state key: looking twice does not make a new state.
 BOOKKEEPING_PREDICATES = frozenset({"checked", "examined"})
 
+# TextWorld records an atom that an action deleted as a `not_<predicate>` fact. Most are history that
+# nothing reads, but the grammar's text may: ALFRED's `look` lists the objects at the agent's location
+# with `not_inreceptacle(o, r)` (an object taken from a receptacle there and put into another one there
+# shows "Next to it, you see ..."), and `examine` says "This desklamp is off." on `not_istoggled`. The
+# state key keeps exactly the `not_*` facts the game's grammar reads.
+_NEGATED_READ = re.compile(r"\bnot_(\w+)\s*\(")
+
+
+def negated_predicates_read(grammar_text: str) -> frozenset[str]:
+    """The `not_<predicate>` facts a grammar's conditions and list queries read (e.g. `not_inreceptacle`)."""
+    return frozenset(f"not_{name.lower()}" for name in _NEGATED_READ.findall(grammar_text))
+
 
 class GameFileError(ValueError):
     """A game file cannot be read or played; the message names the file and the problem."""
@@ -227,6 +239,11 @@ class _FactState:
 # ---------------------------------------------------------------------------------------------------------
 # The grammar: parsed once, rendered by a small evaluator over TextWorld's symbols.
 
+# TextWorld's grammar and logic parsers (tatsu) keep state in the parser object: two threads parsing at
+# once fail ("pop from empty list", "expecting 'action'"). Every parse, and the caches they fill, go
+# through this lock; once a game's grammar is parsed, playing it parses nothing more.
+_PARSE_LOCK = threading.RLock()
+
 _TASK_RULE = re.compile(r'("task"\s*:\s*\[\s*\{\s*"rhs"\s*:\s*)"((?:[^"\\]|\\.)*)"')
 _TASK_PLACEHOLDER = "@@AGENTGYM-TASK@@"
 
@@ -252,7 +269,8 @@ class _Grammar:
 
 def _parse_symbols(text: str) -> list[Any]:
     tw = _TW.load()
-    grammar = tw.textgen.ContextSensitiveGrammar.parse(json.dumps({"x": [{"rhs": text}]}))
+    with _PARSE_LOCK:
+        grammar = tw.textgen.ContextSensitiveGrammar.parse(json.dumps({"x": [{"rhs": text}]}))
     return list(grammar._rules["x"][0].rhs)
 
 
@@ -263,7 +281,9 @@ def _condition(text: str):
     """A grammar condition or list query, parsed once per process."""
     rule = _CONDITIONS.get(text)
     if rule is None:
-        rule = _TW.load().Rule.parse_conjunctive_query(text)
+        tw = _TW.load()
+        with _PARSE_LOCK:
+            rule = tw.Rule.parse_conjunctive_query(text)
         _CONDITIONS[text] = rule
     return rule
 
@@ -278,6 +298,11 @@ def _grammar_for(domain: str, grammar_text: str) -> tuple[_Grammar, list[Any] | 
         `(grammar, task_rule)`: `task_rule` is the game's own `task` production (rhs symbols) to use
         instead of the shared one, or None when the grammar was parsed whole.
     """
+    with _PARSE_LOCK:
+        return _grammar_for_locked(domain, grammar_text)
+
+
+def _grammar_for_locked(domain: str, grammar_text: str) -> tuple[_Grammar, list[Any] | None]:
     match = _TASK_RULE.search(grammar_text)
     task_rhs: list[Any] | None = None
     if match is not None:
@@ -445,12 +470,14 @@ class CompiledGame:
     name2type: dict[str, str]
     init_facts: list[Any]
     static_predicates: frozenset[str]
+    negated_read: frozenset[str] = frozenset()  # `not_*` facts the grammar's text reads (kept in the state key)
     infos: dict[str, Any] = field(default_factory=dict)  # entity id -> EntityInfo (demangled names)
     initial_facts: Any = None  # a TextWorld State, set on the first load
     intro: str | None = None
     initial_ops: list[tuple[int, int, str]] | None = None
     operators: dict[str, _Operator] = field(default_factory=dict)
     renderer: _Renderer | None = None
+    first_load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def names(self) -> dict[str, str]:
@@ -577,11 +604,12 @@ def _translation(data: Mapping[str, Any]) -> dict[str, Any]:
 def _from_translation(key: str, data: dict[str, Any], modernized: bool, translation: Mapping[str, Any]) -> CompiledGame:
     tw = _TW.load()
     grammar, task_rule = _grammar_for(data["pddl_domain"], data["grammar"])
-    for name, supertypes in translation["types"]:  # as PddlState does: the types the grammar queries use
-        try:
-            grammar.logic.types.add(tw.logic.Type(name, supertypes))
-        except ValueError:
-            pass
+    with _PARSE_LOCK:  # the parsed logic is shared by every game with this grammar
+        for name, supertypes in translation["types"]:  # as PddlState does: the types the grammar queries use
+            try:
+                grammar.logic.types.add(tw.logic.Type(name, supertypes))
+            except ValueError:
+                pass
     name2type = dict(translation["name2type"])
     init_facts = [tw.Proposition(p, [tw.Variable(a, name2type[a]) for a in args]) for p, args in translation["init_facts"]]
     walkthrough = data.get("walkthrough")
@@ -597,6 +625,7 @@ def _from_translation(key: str, data: dict[str, Any], modernized: bool, translat
         name2type=name2type,
         init_facts=init_facts,
         static_predicates=frozenset(translation["static_predicates"]),
+        negated_read=negated_predicates_read(data["grammar"]),
     )
 
 
@@ -675,8 +704,10 @@ class AlfredEngine:
             self._lib = _LIBRARIES.acquire()
         self._lib.load_sas(game.sas)
         self._loaded_key = game.key
-        if game.initial_facts is None:
-            self._first_load(game)
+        if game.initial_ops is None:  # set last by _first_load: when it is there, everything is
+            with game.first_load_lock:
+                if game.initial_ops is None:
+                    self._first_load(game)
         self.facts = _FactState.clone(game.initial_facts)
         self._fluents = {
             (f.name, tuple(a.name for a in f.arguments))
@@ -723,13 +754,21 @@ class AlfredEngine:
         return feedback
 
     def state_key_parts(self) -> tuple[str, tuple]:
-        """The game and the true atoms that actions change, sorted: equal states give equal parts.
+        """The game and the facts that decide what the agent can see and do, sorted: two states with
+        equal parts give the same text for every command and the same admissible commands.
 
-        Left out: atoms no action changes (the same in every state of the game, identified by its key),
-        TextWorld's `not_*` facts (records of atoms an action deleted: history, not state; fast-downward's
-        state has only the true atoms), and the `checked`/`examined` bookkeeping of what was looked at."""
+        Kept: the true atoms that actions change, and the `not_*` records of deleted atoms that the
+        grammar's text reads (`not_inreceptacle`, `not_istoggled` in ALFRED's grammar; see
+        `negated_predicates_read`). Left out: atoms no action changes (the same in every state of the
+        game, identified by its key), the other `not_*` records (history no text or precondition reads,
+        e.g. `not_atlocation`), and the `checked`/`examined` bookkeeping of what was looked at."""
+        read = self.game.negated_read
         fluents = tuple(
-            sorted(f for f in self._fluents if f[0] not in BOOKKEEPING_PREDICATES and not f[0].startswith("not_"))
+            sorted(
+                f
+                for f in self._fluents
+                if f[0] not in BOOKKEEPING_PREDICATES and (not f[0].startswith("not_") or f[0] in read)
+            )
         )
         return self.game.key, fluents
 
@@ -740,7 +779,8 @@ class AlfredEngine:
     # -- internals ---------------------------------------------------------------------------------------
 
     def _first_load(self, game: CompiledGame) -> None:
-        """Initial facts, names, intro and initial commands of a game (once per process)."""
+        """Initial facts, names, intro and initial commands of a game (once per process, under the
+        game's `first_load_lock`; `initial_ops`, which other threads check, is set last)."""
         tw = _TW.load()
         state = _FactState.empty(game.grammar.logic)
         state.add_facts(game.init_facts)
@@ -759,11 +799,14 @@ class AlfredEngine:
                 info.definite = "the"
                 info.indefinite = "a"
                 infos[var.name] = info
-        # ALFWorld's names ("cabinet 3") from the mangled ALFRED ids, as AlfredDemangler does.
+        # ALFWorld's names ("cabinet 3") from the mangled ALFRED ids, as AlfredDemangler does. An id
+        # without ALFRED's "_bar_" parts ("desk", "book1" in a hand-written problem) keeps its own name,
+        # as TextWorld's PddlEnv names it: the demangler would make it "desk " (a trailing space that no
+        # stripped command matches, and "a desk ," in the text).
         misc = import_alfworld("alfworld.agents.utils.misc")
         demangler = misc.Demangler(game_infos=infos, shuffle=False)
         for info in infos.values():
-            info.name = demangler.demangle_alfred_name(info.id)
+            info.name = demangler.demangle_alfred_name(info.id) if "_bar_" in info.id else info.id
         game.infos = infos
         game.renderer = _Renderer(game.grammar, game.task_rule, infos)
         game.initial_facts = state

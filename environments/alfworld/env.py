@@ -89,9 +89,13 @@ class AlfWorldEnv(TextEnv):
         source: `embedded` (the generated panel) or `alfworld` (ALFWorld's json_2.1.1 games).
         data_dir: the folder holding json_2.1.1/ for `source="alfworld"` (default `$ALFWORLD_DATA`);
             giving it implies `source="alfworld"`.
-        panel_seed, room, panel_size: which embedded panel (see `panel.PanelSpec`): `room="small"` gives
-            rooms of at most 6 receptacles (short episodes for fast RL); `panel_size` is games per type,
-            one number or a dict per split (default 20 train, 10 valid_seen, 10 valid_unseen).
+        panel_seed, room, panel_size: which embedded panel (see `panel.PanelSpec`): `room="full"` keeps
+            every receptacle of the floor plan, `room="small"` gives rooms of at most 6 receptacles (short
+            episodes for fast RL); `panel_size` is games per type, one number or a dict per split
+            (default 20 train, 10 valid_seen, 10 valid_unseen).
+        max_receptacles: cap the embedded rooms at this many receptacles (None: no cap).
+        mix: `uniform` (the same number of games of every type) or `alfworld` (all six types in the
+            proportions of ALFWorld's training set; only with all six types, e.g. ALFWorld-All-v0).
         cache_dir: where panels and engine translations are cached (default `$AGENTGYM_OPSD_CACHE/alfworld` or
             `~/.cache/agentgym-opsd/alfworld`).
         reward_scale: the reward for solving the task.
@@ -115,6 +119,8 @@ class AlfWorldEnv(TextEnv):
         panel_seed: int = 0,
         room: str = "full",
         panel_size: int | dict[str, int] | None = None,
+        max_receptacles: int | None = None,
+        mix: str = "uniform",
         cache_dir: str | None = None,
         reward_scale: float = 1.0,
         admissible_in_observation: bool = False,
@@ -141,10 +147,14 @@ class AlfWorldEnv(TextEnv):
         self.admissible_in_observation = bool(admissible_in_observation)
         self.normalize_commands = bool(normalize_commands)
         self.instructions = INSTRUCTIONS.format(max_turns=self.max_turns)
+        if mix != "uniform" and set(self.task_types) != set(TASK_TYPES):
+            raise ValueError(f"mix={mix!r} shares games out over all six task types; use it with ALFWorld-All-v0")
         if source == "embedded":
-            self.panel = PanelSpec.make(panel_seed, room, panel_size)
+            self.panel = PanelSpec.make(panel_seed, room, panel_size, mix=mix, max_receptacles=max_receptacles)
             self.data_root = ensure_panel(self.panel, cache_dir, splits=(split,), progress=progress) / "json_2.1.1"
         else:
+            if max_receptacles is not None:
+                raise ValueError("max_receptacles shapes the embedded panel's rooms; ALFWorld's own games keep theirs")
             self.panel = None
             self.data_root = resolve_data_root(data_dir)
         wanted = set(self.task_types)

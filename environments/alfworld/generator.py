@@ -27,9 +27,15 @@ positions. This module builds ALFWorld games from those rooms:
 Every game is a function of `(GENERATOR_VERSION, seed, room size, split, task type, index, attempt)`:
 the same arguments give the same file on every machine.
 
-Room sizes (`room=`): `full` keeps every receptacle and object class of the floor plan (ALFWorld-like,
-up to 20 receptacles, like ALFWorld's rooms); `small` keeps the receptacles the task needs plus random others up to 6, and at
-most 5 object classes besides the target: short episodes for fast RL.
+Room sizes (`room=`): `full` keeps every receptacle and object class of the floor plan (ALFWorld's
+rooms: the real game in ../shared/data has 20 receptacles; ALFRED's floor plans list up to 47);
+`small` keeps the receptacles the task needs plus random others up to 6, and at most 5 object classes
+besides the target: short episodes for fast RL. `max_receptacles=N` caps a `full` room at N
+receptacles (what the task needs, then random others).
+
+Lamps (look tasks) stand where ALFRED's scenes put them: a desk lamp or floor lamp on a desk, side
+table or dresser of the room (never on a bed, sofa, armchair or ottoman). ALFRED's floor lamps stand
+on the floor beside that furniture; here they stand on it, so that the text shows them.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ __all__ = [
     "GENERATOR_VERSION",
     "ROOMS",
     "RoomSettings",
+    "LAMP_HOLDERS",
+    "room_settings",
     "GameDraft",
     "draft_game",
     "solve_draft",
@@ -55,7 +63,8 @@ __all__ = [
     "MAX_WALKTHROUGH",
 ]
 
-GENERATOR_VERSION = "g1"
+# g2: full rooms keep every receptacle (g1 capped them at 20); lamps only on desks, side tables, dressers.
+GENERATOR_VERSION = "g2"
 MAX_WALKTHROUGH = 40  # the expert must win within this many commands (episodes allow 50 turns)
 
 
@@ -69,12 +78,13 @@ class RoomSettings:
 
 
 ROOMS: dict[str, RoomSettings] = {
-    "full": RoomSettings(max_receptacles=20, max_instances=2),
+    "full": RoomSettings(max_receptacles=None, max_instances=2),
     "small": RoomSettings(max_receptacles=6, max_distractor_classes=5, max_instances=2),
 }
 
-# Receptacles a lamp stands on (ALFRED has lamps on furniture; its receptacle lists leave them out).
-_LAMP_HOLDERS = ("Desk", "SideTable", "Dresser", "Shelf", "CoffeeTable", "TVStand", "DiningTable", "Sofa", "ArmChair", "Bed", "Ottoman")
+# Receptacles a lamp stands on: ALFRED's scenes have desk and floor lamps on (or, floor lamps, beside)
+# desks, side tables and dressers; its receptacle lists leave lamps out.
+LAMP_HOLDERS = ("Desk", "SideTable", "Dresser")
 _LAMPS = ("DeskLamp", "FloorLamp")
 # The appliance each treatment needs, and goals the parent receptacle must not be (trivial or odd tasks).
 _APPLIANCE = {
@@ -235,7 +245,7 @@ def _choose_task(task_type: str, layout: Layout, rng: random.Random) -> dict[str
     objects = sorted(c for c in present if c in a["pickupable"])
     if task_type == "look_at_obj_in_light":
         lamps = [c for c in _LAMPS if c in present]
-        holders = [c for c in receptacle_classes if c in _LAMP_HOLDERS]
+        holders = [c for c in receptacle_classes if c in LAMP_HOLDERS]
         if not lamps or not holders or not objects:
             return None
         return {"object_target": rng.choice(objects), "parent_target": "", "toggle_target": rng.choice(lamps)}
@@ -304,7 +314,7 @@ def draft_game(split: str, task_type: str, rng: random.Random, room: RoomSetting
         needed += [rng.choice([r for r in receptacles if r.cls == _APPLIANCE[task_type][1]])]
     lamp_holder = None
     if lamp_cls:
-        holders = [r for r in receptacles if r.cls in _LAMP_HOLDERS and r.cls not in a["openable"]]
+        holders = [r for r in receptacles if r.cls in LAMP_HOLDERS and r.cls not in a["openable"]]
         if not holders:
             return None
         lamp_holder = rng.choice(holders)
@@ -459,13 +469,28 @@ def game_rng(seed: int, room: str, split: str, task_type: str, index: int, attem
     return random.Random(f"{GENERATOR_VERSION}|{seed}|{room}|{split}|{task_type}|{index}|{attempt}")
 
 
+def room_settings(room: str, max_receptacles: int | None = None) -> tuple[str, RoomSettings]:
+    """`(label, settings)` of a room size with an optional receptacle cap; the label names the game
+    stream ("full", "full-r20")."""
+    if room not in ROOMS:
+        raise ValueError(f"room={room!r}: use one of {', '.join(ROOMS)}")
+    settings = ROOMS[room]
+    if max_receptacles is None:
+        return room, settings
+    if int(max_receptacles) < 1:
+        raise ValueError(f"max_receptacles must be >= 1, got {max_receptacles}")
+    cap = int(max_receptacles) if settings.max_receptacles is None else min(int(max_receptacles), settings.max_receptacles)
+    return f"{room}-r{cap}", RoomSettings(cap, settings.max_distractor_classes, settings.max_instances)
+
+
 def generate_game(
-    seed: int, room: str, split: str, task_type: str, index: int, engine=None, *, max_attempts: int = 200, cache_dir=None
+    seed: int, room: str, split: str, task_type: str, index: int, engine=None, *, max_attempts: int = 200, cache_dir=None,
+    max_receptacles: int | None = None,
 ) -> tuple[GameDraft, list[str]]:
     """The `index`-th kept game of (seed, room, split, task type): drafts until the expert wins one."""
     if task_type not in TASK_TYPES:
         raise ValueError(f"unknown task type {task_type!r}")
-    settings = ROOMS[room]
+    room, settings = room_settings(room, max_receptacles)
     scenes = scenes_for(split, task_type)
     for attempt in range(max_attempts):
         rng = game_rng(seed, room, split, task_type, index, attempt)

@@ -5,8 +5,12 @@
 initial_state.pddl}`),
 so the same loader reads it and alfworld's own `AlfredTWEnv` can play it too. The default panel has 20
 games per task type for `train` and 10 per type for `valid_seen` and `valid_unseen` (240 games).
+`mix="alfworld"` keeps each split's total but shares it out in the proportions of ALFWorld's training
+set (`ALFWORLD_TRAIN_COUNTS`: pick 790, look 308, clean 650, heat 459, cool 533, pick-two 813 of 3,553
+games): 120 train games are 27 pick, 10 look, 22 clean, 16 heat, 18 cool, 27 pick-two. The k-th game
+of a type is the same file in every panel of one seed and room.
 
-It lives in `<cache>/<GENERATOR_VERSION>-<seed>[-<room>][-n<train>-<seen>-<unseen>]/`, with `<cache>` =
+It lives in `<cache>/<GENERATOR_VERSION>-<seed>[-<room>][-r<cap>][-mixalfworld][-n<train>-<seen>-<unseen>]/`, with `<cache>` =
 `$AGENTGYM_OPSD_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`. It is generated once: into a staging
 folder, under a file lock (concurrent processes wait for the first), renamed into place when complete,
 and marked by `<split>.json` (sizes, seconds, the game list). Each split is generated on its first
@@ -25,29 +29,61 @@ from pathlib import Path
 from typing import Any
 
 from environments.alfworld.expert import TASK_TYPES
-from environments.alfworld.generator import GENERATOR_VERSION, ROOMS
+from environments.alfworld.generator import GENERATOR_VERSION, ROOMS, room_settings
 from environments.alfworld.paths import cache_root
 
-__all__ = ["PanelSpec", "DEFAULT_SIZES", "SPLITS", "ensure_panel", "panel_dir", "read_manifest"]
+__all__ = ["PanelSpec", "DEFAULT_SIZES", "SPLITS", "MIXES", "ALFWORLD_TRAIN_COUNTS", "ensure_panel", "panel_dir", "read_manifest"]
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 DEFAULT_SIZES = {"train": 20, "valid_seen": 10, "valid_unseen": 10}
+MIXES = ("uniform", "alfworld")
+# Games of each type in ALFWorld's json_2.1.1 train split (3,553 in all), the proportions of mix="alfworld".
+ALFWORLD_TRAIN_COUNTS = {
+    "pick_and_place_simple": 790,
+    "look_at_obj_in_light": 308,
+    "pick_clean_then_place_in_recep": 650,
+    "pick_heat_then_place_in_recep": 459,
+    "pick_cool_then_place_in_recep": 533,
+    "pick_two_obj_and_place": 813,
+}
+
+
+def mixed_counts(total: int, weights: dict[str, int] = ALFWORLD_TRAIN_COUNTS) -> dict[str, int]:
+    """`total` games shared out in proportion to `weights` (largest remainders; ties in TASK_TYPES order)."""
+    whole = sum(weights.values())
+    exact = {t: total * weights[t] / whole for t in TASK_TYPES}
+    counts = {t: int(v) for t, v in exact.items()}
+    for t in sorted(TASK_TYPES, key=lambda t: -(exact[t] - counts[t]))[: total - sum(counts.values())]:
+        counts[t] += 1
+    return counts
 
 
 @dataclass(frozen=True)
 class PanelSpec:
-    """Which panel: generator seed, room size (`full` or `small`, see generator.ROOMS), games per task type
-    for each split."""
+    """Which panel: generator seed, room size (`full` or `small`, see generator.ROOMS) and receptacle cap,
+    games per task type for each split, and the mix of task types (`uniform` or `alfworld`)."""
 
     seed: int = 0
     room: str = "full"
     sizes: tuple[tuple[str, int], ...] = field(default_factory=lambda: tuple(DEFAULT_SIZES.items()))
+    mix: str = "uniform"
+    max_receptacles: int | None = None
 
     @classmethod
-    def make(cls, seed: int = 0, room: str = "full", sizes: int | dict[str, int] | None = None) -> PanelSpec:
+    def make(
+        cls,
+        seed: int = 0,
+        room: str = "full",
+        sizes: int | dict[str, int] | None = None,
+        mix: str = "uniform",
+        max_receptacles: int | None = None,
+    ) -> PanelSpec:
         """Build a spec; `sizes` is games per type (one number for every split, or a dict per split)."""
         if room not in ROOMS:
             raise ValueError(f"room={room!r}: use one of {', '.join(ROOMS)}")
+        if mix not in MIXES:
+            raise ValueError(f"mix={mix!r}: use one of {', '.join(MIXES)}")
+        room_settings(room, max_receptacles)  # checks the cap
         merged = dict(DEFAULT_SIZES)
         if isinstance(sizes, int):
             merged = {s: int(sizes) for s in SPLITS}
@@ -58,16 +94,28 @@ class PanelSpec:
             merged.update({k: int(v) for k, v in sizes.items()})
         if any(v < 0 for v in merged.values()):
             raise ValueError(f"panel_size must be >= 0, got {merged}")
-        return cls(int(seed), room, tuple((s, merged[s]) for s in SPLITS))
+        cap = None if max_receptacles is None else int(max_receptacles)
+        return cls(int(seed), room, tuple((s, merged[s]) for s in SPLITS), mix, cap)
 
     def size(self, split: str) -> int:
+        """Games per task type of a uniform panel (the mixed panel keeps six times this per split)."""
         return dict(self.sizes)[split]
+
+    def count(self, split: str, task_type: str) -> int:
+        """Games of `task_type` in `split`."""
+        if self.mix == "uniform":
+            return self.size(split)
+        return mixed_counts(self.size(split) * len(TASK_TYPES))[task_type]
 
     @property
     def name(self) -> str:
         parts = [f"{GENERATOR_VERSION}-{self.seed}"]
         if self.room != "full":
             parts.append(self.room)
+        if self.max_receptacles is not None:
+            parts.append(f"r{self.max_receptacles}")
+        if self.mix != "uniform":
+            parts.append(f"mix{self.mix}")
         if dict(self.sizes) != DEFAULT_SIZES:
             parts.append("n" + "-".join(str(n) for _, n in self.sizes))
         return "-".join(parts)
@@ -96,7 +144,7 @@ def read_manifest(folder: Path, split: str) -> dict[str, Any] | None:
 _WORKER_ENGINE = None
 
 
-def _make_game(job: tuple[str, str, int, str, str, str, int]) -> tuple[str, str, str, int]:
+def _make_game(job: tuple) -> tuple[str, str, str, int]:
     """Worker: generate one game and write its folder under `staging`; returns (split, type, relpath, steps)."""
     global _WORKER_ENGINE
     from environments.alfworld.engine import AlfredEngine
@@ -104,10 +152,12 @@ def _make_game(job: tuple[str, str, int, str, str, str, int]) -> tuple[str, str,
 
     from agentgym_opsd.io import atomic_write_json, atomic_write_text
 
-    staging, cache, seed, room, split, task_type, index = job
+    staging, cache, seed, room, split, task_type, index, max_receptacles = job
     if _WORKER_ENGINE is None:
         _WORKER_ENGINE = AlfredEngine()
-    draft, walkthrough = generate_game(seed, room, split, task_type, index, _WORKER_ENGINE, cache_dir=cache)
+    draft, walkthrough = generate_game(
+        seed, room, split, task_type, index, _WORKER_ENGINE, cache_dir=cache, max_receptacles=max_receptacles
+    )
     rel = f"{split}/{draft.folder}/{draft.trial}"
     folder = Path(staging) / "json_2.1.1" / rel
     data = draft.game_data()
@@ -119,12 +169,12 @@ def _make_game(job: tuple[str, str, int, str, str, str, int]) -> tuple[str, str,
     return split, task_type, rel, len(walkthrough)
 
 
-def _jobs(spec: PanelSpec, splits: list[str], staging: Path, cache: Path) -> list[tuple[str, str, int, str, str, str, int]]:
+def _jobs(spec: PanelSpec, splits: list[str], staging: Path, cache: Path) -> list[tuple]:
     return [
-        (str(staging), str(cache), spec.seed, spec.room, split, task_type, index)
+        (str(staging), str(cache), spec.seed, spec.room, split, task_type, index, spec.max_receptacles)
         for split in splits
         for task_type in TASK_TYPES
-        for index in range(spec.size(split))
+        for index in range(spec.count(split, task_type))
     ]
 
 
@@ -214,8 +264,10 @@ def _generate(
             "generator_version": GENERATOR_VERSION,
             "seed": spec.seed,
             "room": spec.room,
+            "max_receptacles": spec.max_receptacles,
+            "mix": spec.mix,
             "split": split,
-            "games_per_type": spec.size(split),
+            "games_per_type": spec.size(split),  # of a uniform panel; "games" lists what this one holds
             "seconds_for_this_run": seconds,
             "splits_in_this_run": list(splits),
             "games_in_this_run": len(jobs),

@@ -18,6 +18,7 @@ A bad file raises `DataFileError` naming the file and the line (or the record of
 
 from __future__ import annotations
 
+import codecs
 import functools
 import os
 from collections.abc import Iterator
@@ -197,6 +198,8 @@ def _example(record: Any, fmt: str, index: int, dataset: str | None, where: str)
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
     """`(where, record)` of a JSONL file or a JSON list file."""
     raw = read_file_bytes(path, "question file")
+    if raw.startswith(codecs.BOM_UTF8):  # a UTF-8 byte-order mark (files saved by some editors): not data
+        raw = raw[len(codecs.BOM_UTF8) :]
     head = raw.lstrip()[:1]
     if head == b"[":
         items = parse_json(raw, path)

@@ -6,7 +6,10 @@
     substring_match("it is the Eiffel Tower", ["Eiffel Tower"]) -> 1.0
 
 The normalisation is SQuAD's (lowercase, drop punctuation, drop the articles a/an/the, collapse
-whitespace); every score takes the best over the gold answers.
+whitespace); every score takes the best over the gold answers. A gold answer that normalises to
+nothing (real golds such as "*", "(a", ".a", "!!!") matches nothing: F1 is 0 as in SQuAD v1.1's
+script (no token in common), and EM and substring match are 0 too (v1.1's EM would count the empty
+prediction "the" or "." as equal to it).
 """
 
 from __future__ import annotations
@@ -33,14 +36,13 @@ def normalize_answer(text: str) -> str:
 def exact_match(prediction: str, golds: Sequence[str]) -> float:
     """1.0 when the normalised prediction equals a normalised gold answer."""
     pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(g) for g in golds))
+    return float(any((g_norm := normalize_answer(g)) and pred == g_norm for g in golds))
 
 
 def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
-    # F1 = 2 P R / (P + R), P = |common| / |pred|, R = |common| / |gold| (token multisets).
+    # F1 = 2 P R / (P + R), P = |common| / |pred|, R = |common| / |gold| (token multisets); no token in
+    # common (an empty prediction or gold included) gives 0, as in SQuAD v1.1.
     common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
-    if not pred_tokens or not gold_tokens:
-        return float(pred_tokens == gold_tokens)
     if common == 0:
         return 0.0
     precision, recall = common / len(pred_tokens), common / len(gold_tokens)

@@ -14,8 +14,9 @@ Formats read (all from WebShop, princeton-nlp/WebShop):
 
 Raw items are processed the way WebShop's `load_products` does it: products with an ASIN of "nan"
 or longer than 10 characters, and repeated ASINs, are skipped; option names are lower-cased, option
-values stripped, lower-cased and "/" written " | "; a product without attributes gets the single
-attribute "DUMMY_ATTR"; reviews are empty and the rating "N.A." (WebShop ships no review file).
+values stripped, lower-cased and "/" written " | "; a product that has no `items_ins_v2` record (or
+whose record has no `attributes` key) gets the single attribute "DUMMY_ATTR", while a record's empty
+list stays empty; reviews are empty and the rating "N.A." (WebShop ships no review file).
 
 Prices: a product with one price costs that; a price range costs a point drawn uniformly inside it;
 no price costs 100.0 (WebShop's rule). WebShop draws from the unseeded global RNG, so its prices
@@ -169,6 +170,14 @@ def _reviews(value: Any) -> tuple[tuple[str, str, str], ...]:
     return tuple(out)
 
 
+def _annotated_attributes(record: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """WebShop's `Attributes` of a product from its `items_ins_v2` record: the record's list as it is
+    (empty included), or ["DUMMY_ATTR"] when the product has no record or the record no `attributes`."""
+    if record and "attributes" in record and record["attributes"] is not None:
+        return tuple(_as_list(record["attributes"]))
+    return ("DUMMY_ATTR",)
+
+
 def product_from_raw(item: Mapping[str, Any], attributes: Mapping[str, Any] | None = None) -> Product:
     """A product from one raw `items_shuffle` record (processed as WebShop's `load_products`).
 
@@ -178,7 +187,6 @@ def product_from_raw(item: Mapping[str, Any], attributes: Mapping[str, Any] | No
     """
     asin = str(item["asin"])
     pricing, price_tag = parse_pricing(item.get("pricing"))
-    attrs = _as_list(attributes.get("attributes")) if attributes else []
     return Product(
         asin=asin,
         title=str(item.get("name") or ""),
@@ -187,7 +195,7 @@ def product_from_raw(item: Mapping[str, Any], attributes: Mapping[str, Any] | No
         pricing=pricing,
         price_tag=price_tag,
         options=_options_from_raw(item.get("customization_options")),
-        attributes=tuple(attrs) if attrs else ("DUMMY_ATTR",),
+        attributes=_annotated_attributes(attributes),
         category=str(item.get("category") or ""),
         query=str(item.get("query") or "").lower().strip(),
         product_category=str(item.get("product_category") or ""),
@@ -207,9 +215,12 @@ def product_from_processed(product: Mapping[str, Any], attributes: Mapping[str, 
         options = {str(k).lower(): tuple(str(v) for v in (vals or ())) for k, vals in raw_options.items()}
     else:
         options = _options_from_raw(product.get("customization_options"))
-    attrs = _as_list(product.get("Attributes"))
-    if (not attrs or attrs == ["DUMMY_ATTR"]) and attributes and attributes.get("attributes"):
-        attrs = _as_list(attributes["attributes"])
+    if product.get("Attributes") is not None:  # already processed: kept as it is, an empty list too
+        attrs = tuple(_as_list(product["Attributes"]))
+        if attrs == ("DUMMY_ATTR",) and attributes and "attributes" in attributes:
+            attrs = _annotated_attributes(attributes)
+    else:
+        attrs = _annotated_attributes(attributes)
     return Product(
         asin=str(product.get("asin") or ""),
         title=str(product.get("Title") or ""),
@@ -218,7 +229,7 @@ def product_from_processed(product: Mapping[str, Any], attributes: Mapping[str, 
         pricing=pricing,
         price_tag=str(product.get("Price") or price_tag),
         options=options,
-        attributes=tuple(attrs) if attrs else ("DUMMY_ATTR",),
+        attributes=attrs,
         category=str(product.get("category") or ""),
         query=str(product.get("query") or "").lower().strip(),
         product_category=str(product.get("product_category") or ""),

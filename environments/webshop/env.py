@@ -19,7 +19,7 @@ Options (keyword arguments of `gymnasium.make("agentgym/WebShop-v0", ...)`):
     split: "test" (default), "eval", "train" or "all" (see `goals.split_ranges`).
     goals: "auto" (human goals when the catalog has human instructions), "human" or "synthetic".
     index_dir: where the search index is kept (default: a cache folder, see `search.py`).
-    type_tagger: "builtin" or "spacy" (the noun tagger of the type reward, see `reward.py`).
+    type_tagger: "builtin", "spacy" or "spacy:MODEL" (the noun tagger of the type reward, see `reward.py`).
     show_attrs: show the "Attributes" button on item pages (WebShop's `show_attrs`, off by default).
 """
 

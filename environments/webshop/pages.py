@@ -8,7 +8,12 @@ A page is the list of its visible texts joined by " [SEP] " (WebShop's `observat
 - item page: "Back to Search", "< Prev", each option group with its values, the title, price and
   rating, the "Description", "Features" and "Reviews" buttons ("Attributes" when enabled), "Buy Now";
 - sub-pages (Description, Features, Reviews, Attributes): "Back to Search", "< Prev" and the content;
-- done page (after "Buy Now"): the thanks and the score.
+- done page (after "Buy Now"): what WebShop's done page holds, without its MTurk code: the thanks, the
+  purchase ("Purchased", then "asin", "options" (JSON), "attrs", "category", "query", "product category"
+  each followed by its value), the score, and "Reward Details" (WebShop's verbose reward info:
+  r_type, r_att, w_att, query_match, category_match, title_score, then r_option/w_option and
+  r_price/w_price where the goal has options and a price bound). The goal's own fields, which
+  WebShop's page also carries, are left out: they are hindsight, never shown to the agent.
 
 Every page but the done page starts with "Instruction:" and the instruction. Clickables are
 lower-cased, as WebShop's `get_available_actions` lists them: buttons, product links (ASINs), then
@@ -17,6 +22,7 @@ option values.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from environments.webshop.catalog import Product
@@ -38,6 +44,8 @@ __all__ = [
     "BACK_TO_SEARCH",
     "render",
     "clickables",
+    "done_texts",
+    "reward_details",
 ]
 
 SEP = " [SEP] "
@@ -102,8 +110,7 @@ def render(session: Session, instruction: str, products: dict[str, Product], *, 
             texts += [asin, product.title, product.price_tag]
         return _join(texts)
     if session.page == DONE:
-        reward = 0.0 if session.purchase is None else session.purchase.reward
-        return _join(["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)", f"{reward}"])
+        return _join(done_texts(session, products))
     product = products[session.asin] if session.asin is not None else None
     if product is None:  # unreachable by construction; render the search page rather than fail
         return _join(["WebShop", *_header(instruction), "Search"])
@@ -128,6 +135,38 @@ def render(session: Session, instruction: str, products: dict[str, Product], *, 
     elif session.sub_page == "Attributes":
         texts += [*product.attributes, product.category, product.query, product.product_category]
     return _join(texts)
+
+
+def reward_details(purchase: RewardBreakdown) -> dict[str, object]:
+    """WebShop's verbose reward info (`get_reward(..., verbose=True)`), keys in its order."""
+    info: dict[str, object] = {
+        "r_type": purchase.r_type,
+        "r_att": purchase.r_att,
+        "w_att": purchase.w_att,
+        "query_match": purchase.query_match,
+        "category_match": purchase.category_match,
+        "title_score": purchase.title_score,
+    }
+    if purchase.r_option is not None:
+        info.update(r_option=purchase.r_option, w_option=purchase.w_option)
+    if purchase.r_price is not None:
+        info.update(r_price=purchase.r_price, w_price=purchase.w_price)
+    return info
+
+
+def done_texts(session: Session, products: dict[str, Product]) -> list[str]:
+    """The texts of the done page (see the module docstring)."""
+    reward = 0.0 if session.purchase is None else session.purchase.reward
+    texts = ["Thank you for shopping with us!"]
+    product = products.get(session.asin) if session.asin is not None else None
+    if product is not None:
+        texts += ["Purchased", "asin", product.asin, "options", json.dumps(session.options)]
+        texts += ["attrs", str(list(product.attributes)), "category", product.category, "query", product.query]
+        texts += ["product category", product.product_category]
+    texts += ["Your score (min 0.0, max 1.0)", f"{reward}"]
+    if session.purchase is not None:
+        texts += ["Reward Details", json.dumps(reward_details(session.purchase))]
+    return texts
 
 
 def clickables(

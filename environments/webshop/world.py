@@ -87,7 +87,7 @@ def get_world(
         attributes, human, num_products: see `Catalog.from_files`.
         goals: "auto", "human" or "synthetic" (see `build_goals`).
         index_dir: where the search index is (or is built); None for the default cache.
-        type_tagger: "builtin" or "spacy" (see `reward.noun_tagger`).
+        type_tagger: "builtin", "spacy" or "spacy:MODEL" (see `reward.noun_tagger`).
     """
     builtin = catalog is None or str(catalog) == BUILTIN
     if builtin and (attributes is not None or human is not None):

@@ -149,3 +149,110 @@ def test_closed_engines_hand_their_library_back(real_game: Path) -> None:
         c.close()
     finally:
         b.close()
+
+
+def _walk_command(rng, admissible: list[str], origin: dict[str, str]) -> str:
+    """A random walk step that moves objects around and often puts them back where they started (so
+    that walks come back to earlier states along other histories)."""
+    moves = [c for c in admissible if c.startswith("move ")]
+    takes = [c for c in admissible if c.startswith("take ")]
+    back = [c for c in moves if origin.get(c[5:].split(" to ")[0]) == c.split(" to ")[1]]
+    if back and rng.random() < 0.3:
+        command = back[0]
+    elif moves and rng.random() < 0.9:
+        command = rng.choice(moves)
+    elif takes and rng.random() < 0.9:
+        command = rng.choice(takes)
+    else:
+        command = rng.choice(admissible)
+    if command.startswith("take "):
+        obj, source = command[5:].split(" from ")
+        origin.setdefault(obj, source)
+    return command
+
+
+def test_equal_state_keys_show_equal_text_along_random_walks(make_env, real_data: Path) -> None:
+    """GiGPO groups turns by the state key: two steps with equal keys must look the same to the agent
+    (the text of `look` and the admissible commands), whatever the history that led there."""
+    import random
+
+    from environments.alfworld.env import AlfWorldEnv
+
+    envs = [make_env(split="train"), AlfWorldEnv(source="alfworld", data_dir=str(real_data))]
+    compared = 0
+    try:
+        for env in envs:
+            for game in range(env.num_tasks):
+                seen: dict[str, tuple[str, tuple[str, ...]]] = {}
+                for walk in range(4):
+                    rng = random.Random(f"{game}-{walk}")
+                    env.reset(seed=game)
+                    origin: dict[str, str] = {}
+                    for _ in range(60):
+                        key, admissible = env.state_key(), tuple(env.admissible_actions())
+                        view = (env.engine.step("look"), admissible)  # look changes nothing the key holds
+                        assert env.state_key() == key
+                        if key in seen:
+                            compared += 1
+                            assert view == seen[key], env.games[game].task_id
+                        seen.setdefault(key, view)
+                        _, _, terminated, truncated, _ = env.step(_walk_command(rng, list(admissible), origin))
+                        if terminated or truncated:
+                            break
+    finally:
+        for env in envs:
+            env.close()
+    assert compared > 500  # the walks do come back to earlier states
+
+
+def test_state_key_keeps_the_deleted_atoms_the_text_reads(real_game: Path) -> None:
+    from environments.alfworld.engine import negated_predicates_read
+
+    grammar = (alfworld_package_dir() / "data" / "alfred.twl2").read_text()
+    assert negated_predicates_read(grammar) == {"not_inreceptacle", "not_istoggled"}
+    assert compile_game(real_game).negated_read == {"not_inreceptacle", "not_istoggled"}
+
+
+def test_first_loads_and_grammar_parses_are_safe_under_threads(make_env, monkeypatch) -> None:
+    """8 threads reset the same 6 games at once, each game for the first time in the process (empty
+    game, grammar and condition caches): every reset gives the game's intro and admissible commands."""
+    import threading
+
+    probe = make_env(split="train")
+    expected = []
+    for seed in range(6):
+        obs, info = probe.reset(seed=seed)
+        expected.append((obs, tuple(info["step"].admissible_actions)))
+    probe.close()
+    for name in ("_COMPILED", "_GRAMMARS", "_CONDITIONS"):
+        monkeypatch.setattr(engine_module, name, type(getattr(engine_module, name))())
+
+    n_threads = 8
+    barrier = threading.Barrier(n_threads)
+    results: dict[int, list] = {}
+
+    def play(worker: int) -> None:
+        env = make_env(split="train")
+        out = []
+        try:
+            for seed in range(6):
+                barrier.wait(timeout=60)
+                try:
+                    obs, info = env.reset(seed=seed)
+                    out.append((obs, tuple(info["step"].admissible_actions)))
+                except Exception as e:  # recorded, so that the assertion shows what went wrong
+                    out.append(f"{type(e).__name__}: {e}")
+        finally:
+            env.close()
+            results[worker] = out
+
+    threads = [threading.Thread(target=play, args=(k,)) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert sorted(results) == list(range(n_threads))
+    for worker, out in results.items():
+        errors = [r for r in out if isinstance(r, str)]
+        assert not errors, f"thread {worker}: {errors[:2]}"
+        assert out == expected

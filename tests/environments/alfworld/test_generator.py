@@ -11,8 +11,21 @@ import pytest
 from environments.alfworld.data import discover_games, read_traj_data
 from environments.alfworld.engine import AlfredEngine, compile_game
 from environments.alfworld.expert import TASK_TYPES, TaskSpec, World
-from environments.alfworld.generator import ROOMS, draft_game, game_rng, generate_game, load_layout, scenes_for
-from environments.alfworld.panel import PanelSpec, ensure_panel, panel_dir, read_manifest
+from environments.alfworld.generator import (
+    room_settings,
+    GENERATOR_VERSION,
+    LAMP_HOLDERS,
+    ROOMS,
+    _alfred,
+    _receptacle_class,
+    draft_game,
+    game_rng,
+    generate_game,
+    load_layout,
+    mangle,
+    scenes_for,
+)
+from environments.alfworld.panel import ALFWORLD_TRAIN_COUNTS, PanelSpec, _jobs, ensure_panel, mixed_counts, panel_dir, read_manifest
 from environments.alfworld.paths import import_alfworld
 
 
@@ -59,7 +72,6 @@ def test_every_type_starts_unsolved_and_the_walkthrough_wins(task_type: str, eng
     # the room is the floor plan's: its listed receptacles keep their ALFRED ids
     listed = {rid.split("|")[0].lower() for rid in layout.receptacles}
     world = World.from_facts(engine.facts.facts, game.names)
-    assert len(world.recep_loc) <= ROOMS["full"].max_receptacles
     assert {r.split("_bar_")[0] for r in world.recep_loc} & listed
     # no target starts inside a goal receptacle
     spec = TaskSpec.from_pddl_params(task_type, draft.params)
@@ -93,7 +105,7 @@ def test_drafts_never_crash_and_mostly_succeed() -> None:
 def test_panel_splits_are_built_once_on_first_use_in_alfworld_layout(tmp_path: Path) -> None:
     spec = PanelSpec.make(seed=5, room="small", sizes={"train": 1, "valid_seen": 0, "valid_unseen": 1})
     folder = ensure_panel(spec, tmp_path, splits=("train",), progress=False)
-    assert folder == panel_dir(spec, tmp_path) and folder.name == "g1-5-small-n1-0-1"
+    assert folder == panel_dir(spec, tmp_path) and folder.name == f"{GENERATOR_VERSION}-5-small-n1-0-1"
     assert read_manifest(folder, "train") is not None
     assert read_manifest(folder, "valid_unseen") is None  # not needed yet, not generated
     assert ensure_panel(spec, tmp_path, progress=False) == folder
@@ -133,3 +145,68 @@ def test_alfworlds_own_env_plays_the_generated_games(make_env, alfred_tw_env) ->
             assert infos["won"][0] and dones[0]
     finally:
         tw.close()
+
+
+def _static_receptacle_ids(scene: int) -> set[str]:
+    static = _alfred()["static_receptacles"]
+    return {mangle(rid).lower() for rid in load_layout(scene).receptacles if _receptacle_class(rid) in static}
+
+
+def test_full_rooms_keep_every_receptacle_of_the_layout() -> None:
+    """`full` keeps every receptacle the floor plan lists (some list more than 20); a cap is an option."""
+    big = [s for s in scenes_for("train", "pick_and_place_simple") if len(_static_receptacle_ids(s)) > 20]
+    assert big  # ALFRED's floor plans do have rooms with more than 20 receptacles
+    for k, scene in enumerate(big[:6]):
+        rng = game_rng(0, "full", "train", "pick_and_place_simple", k, 0)
+        draft = draft_game("train", "pick_and_place_simple", rng, ROOMS["full"], scenes=[scene])
+        if draft is None:
+            continue
+        problem = draft.problem.lower()
+        missing = [r for r in _static_receptacle_ids(scene) if f"{r} - receptacle" not in problem]
+        assert not missing, f"FloorPlan{scene}: {len(missing)} receptacles dropped"
+    capped = draft_game("train", "pick_and_place_simple", game_rng(0, "full-r20", "train", "pick_and_place_simple", 0, 0),
+                        room_settings("full", 20)[1], scenes=[big[0]])  # fmt: skip
+    assert capped is not None
+    assert sum(1 for line in capped.problem.splitlines() if line.strip().endswith(" - receptacle") and "?" not in line) == 20
+
+
+def test_lamps_stand_where_alfreds_scenes_put_them() -> None:
+    """Desk and floor lamps on desks, side tables and dressers; never on beds, sofas, armchairs, ottomans."""
+    holders = []
+    for k in range(40):
+        split = "valid_unseen" if k % 2 else "train"
+        draft = draft_game(split, "look_at_obj_in_light", game_rng(9, "full", split, "look_at_obj_in_light", k, 0), ROOMS["full"])
+        if draft is None:
+            continue
+        lamp = draft.params["toggle_target"]
+        for line in draft.problem.splitlines():
+            line = line.strip()
+            if line.startswith(f"(inReceptacle {lamp}_bar_"):
+                holders.append(line.split()[2].split("_bar_")[0])
+    assert len(holders) >= 20
+    assert set(holders) <= {"Desk", "SideTable", "Dresser"}, sorted(set(holders))
+    assert set(LAMP_HOLDERS) == {"Desk", "SideTable", "Dresser"}
+
+
+def test_alfworld_mix_shares_each_split_out_as_alfworlds_training_set() -> None:
+    counts = mixed_counts(120)
+    assert sum(counts.values()) == 120
+    assert counts == {"pick_and_place_simple": 27, "look_at_obj_in_light": 10, "pick_clean_then_place_in_recep": 22,
+                      "pick_heat_then_place_in_recep": 16, "pick_cool_then_place_in_recep": 18, "pick_two_obj_and_place": 27}  # fmt: skip
+    for t, n in mixed_counts(3553).items():
+        assert n == ALFWORLD_TRAIN_COUNTS[t]
+    spec = PanelSpec.make(mix="alfworld")
+    uniform = PanelSpec.make()
+    assert spec.name != uniform.name and spec.name.endswith("mixalfworld")  # its own cache folder
+    jobs = _jobs(spec, ["train", "valid_seen"], Path("/staging"), Path("/cache"))
+    by_type = {t: sorted(j[6] for j in jobs if j[4] == "train" and j[5] == t) for t in TASK_TYPES}
+    assert {t: len(v) for t, v in by_type.items()} == counts
+    assert all(v == list(range(len(v))) for v in by_type.values())  # the k-th game of a type, as in the uniform panel
+    assert sum(1 for j in jobs if j[4] == "valid_seen") == 60
+    with pytest.raises(ValueError, match="mix="):
+        PanelSpec.make(mix="skewed")
+
+
+def test_mix_is_for_all_six_types(make_env) -> None:
+    with pytest.raises(ValueError, match="ALFWorld-All-v0"):
+        make_env(task_types="heat", mix="alfworld")

@@ -206,3 +206,45 @@ def test_engine_answers_non_commands_like_pddl_env(real_game: Path) -> None:
         assert engine.step("  go to fridge 1 ") == raw.step("  go to fridge 1 ")[0].feedback
     finally:
         engine.close()
+
+
+def _unnumbered_game() -> dict:
+    from environments.alfworld.paths import alfworld_package_dir
+
+    pkg = alfworld_package_dir() / "data"
+    problem = (Path(__file__).resolve().parents[2] / "data" / "alfworld" / "unnumbered_problem.pddl").read_text()
+    grammar = (pkg / "alfred.twl2").read_text().replace("UNKNOWN GOAL", "find a cellphone")
+    return {"pddl_domain": (pkg / "alfred.pddl").read_text(), "grammar": grammar, "pddl_problem": problem,
+            "solvable": True, "walkthrough": ["go to drawer", "open drawer", "take cellphone from drawer"]}  # fmt: skip
+
+
+def test_a_game_whose_objects_have_no_numeric_ids_plays_as_in_textworld(tmp_path: Path) -> None:
+    """A hand-written problem names objects "Desk", "Book1": TextWorld's PddlEnv plays it with those names;
+    so do we (not "go to desk " with a trailing space that no command matches)."""
+    import textworld
+    from textworld.envs import PddlEnv
+
+    data = _unnumbered_game()
+    raw = PddlEnv(textworld.EnvInfos(admissible_commands=True, won=True))
+    raw.load(data)
+    state = raw.reset()
+    game = tmp_path / "json_2.1.1" / "train" / "pick_and_place_simple-CellPhone-None-Drawer-0" / "trial_0"
+    game.mkdir(parents=True)
+    (game / "game.tw-pddl").write_text(json.dumps(data))
+    env = AlfWorldEnv(source="alfworld", data_dir=str(tmp_path), split="train")
+    try:
+        obs, info = env.reset(seed=0)
+        assert obs == state.feedback and "a bed, a desk, and a drawer." in obs
+        assert info["step"].admissible_actions == sorted(state["admissible_commands"])
+        assert all(c == c.strip() for c in info["step"].admissible_actions)
+        for command in ["go to desk", "take book1 from desk", "move book1 to desk", "go to bed", *data["walkthrough"]]:
+            obs, reward, terminated, _, info = env.step(f"<action>{command}</action>")
+            state, _, _ = raw.step(command)
+            assert info["step"].admissible, command
+            assert obs == state.feedback, command
+            assert info["step"].admissible_actions == sorted(state["admissible_commands"]), command
+            assert info["won"] == state["won"]
+        assert terminated and reward == 1.0
+    finally:
+        env.close()
+        raw.close()

@@ -96,3 +96,18 @@ def test_corrupt_files_name_the_file_and_line(tmp_path: Path, content: str, mess
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DataFileError, match="no such file"):
         load_questions(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.parametrize("shape", ["jsonl", "json list"])
+def test_a_utf8_byte_order_mark_is_not_an_error(tmp_path: Path, shape: str) -> None:
+    rows = [{"question": "where is the eiffel tower", "answer": ["Paris"]}, {"question": "who wrote hamlet", "answer": ["Shakespeare"]}]
+    text = "\n".join(json.dumps(r) for r in rows) if shape == "jsonl" else json.dumps(rows)
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(text.encode("utf-8-sig"))  # what Windows editors save
+    examples = load_questions(path)
+    assert [e.question for e in examples] == [r["question"] for r in rows]
+    assert examples[0].answers == ["Paris"] and examples[0].source.endswith("bom.jsonl:1" if shape == "jsonl" else "record 1")
+    # a byte-order mark anywhere else is still not JSON
+    path.write_bytes(text.encode("utf-8") + b"\n\xef\xbb\xbf" + json.dumps(rows[0]).encode())
+    with pytest.raises(DataFileError):
+        load_questions(path)

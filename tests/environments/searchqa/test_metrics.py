@@ -32,7 +32,7 @@ def test_f1_is_token_overlap() -> None:
     assert f1_score("Eiffel Tower, Paris", ["The Eiffel Tower"]) == pytest.approx(0.8)
     # best over golds: "tower" vs "tower bridge" -> P=1, R=1/2 -> 2/3
     assert f1_score("tower", ["London", "Tower Bridge"]) == pytest.approx(2 / 3)
-    assert f1_score("a", ["the"]) == 1.0  # both normalise to nothing
+    assert f1_score("a", ["the"]) == 0.0  # both normalise to nothing: no token in common (SQuAD v1.1)
     assert f1_score("x", ["y"]) == 0.0
     # repeated tokens count as a multiset: pred "new new york" vs "new york": common 2, P=2/3, R=1
     assert f1_score("new new york", ["New York"]) == pytest.approx(0.8)
@@ -48,3 +48,12 @@ def test_score_answer_bundle() -> None:
     assert score_answer("Paris", ["paris"]) == {"em": 1.0, "f1": 1.0, "subem": 1.0}
     s = score_answer("Paris France", ["Paris"])
     assert s["em"] == 0.0 and s["subem"] == 1.0 and s["f1"] == pytest.approx(2 / 3, abs=1e-6)
+
+
+@pytest.mark.parametrize("gold", ["*", "(a", ".a", "!!!"])  # real golds that normalise to ""
+@pytest.mark.parametrize("prediction", ["the", ".", "", "a"])
+def test_a_gold_that_normalises_to_nothing_matches_nothing(gold: str, prediction: str) -> None:
+    assert normalize_answer(gold) == ""
+    assert score_answer(prediction, [gold]) == {"em": 0.0, "f1": 0.0, "subem": 0.0}
+    # ... and does not hide a real match among the other golds
+    assert score_answer("Paris", [gold, "paris"]) == {"em": 1.0, "f1": 1.0, "subem": 1.0}

@@ -54,8 +54,11 @@ def test_raw_records_are_processed_as_webshop_does():
     assert p.query == "men's shirts"
     assert p.attributes == ("cotton",)
     assert catalog.synthetic_instructions == {"B01": ("i want a shirt", ("cotton",))}
-    # A product without annotated attributes gets WebShop's placeholder.
+    # A product without an attribute record gets WebShop's placeholder; a record's empty list stays empty.
     assert Catalog.from_records("t", records[:1]).products[0].attributes == ("DUMMY_ATTR",)
+    assert Catalog.from_records("t", records[:1], attributes={"B01": {"attributes": []}}).products[0].attributes == ()
+    processed = {"asin": "B03", "Title": "x", "Attributes": []}
+    assert Catalog.from_records("t", [processed], processed=True).products[0].attributes == ()
 
 
 def test_range_price_is_inside_the_range_and_deterministic():
@@ -187,3 +190,22 @@ def test_builtin_catalog_is_labelled_synthetic():
     goals = build_goals(catalog)
     assert len(goals) > 100 and all(g.kind == "synthetic" for g in goals)
     assert all(len(split_ranges(len(goals))[s]) > 0 for s in ("test", "eval", "train"))
+
+
+def test_attributes_page_of_a_product_with_an_empty_attribute_list(shared_data):
+    """WebShop keeps an empty attribute list empty: the Attributes page shows no "DUMMY_ATTR" (20 of the
+    100 sample products have an empty list)."""
+    from environments.webshop.pages import SUB, Session, render
+
+    folder = shared_data("webshop")
+    empty = {asin for asin, record in json.loads((folder / "items_ins_v2_1000.json").read_text()).items()
+             if record.get("attributes") == []}  # fmt: skip
+    catalog = Catalog.from_files(folder)
+    products = {p.asin: p for p in catalog.products}
+    shown = [a for a in products if a in empty]
+    assert len(shown) == 20
+    for asin in shown:
+        assert products[asin].attributes == ()
+        page = render(Session(page=SUB, asin=asin, sub_page="Attributes"), "buy it", products, show_attrs=True)
+        assert "DUMMY_ATTR" not in page
+        assert page.endswith(" [SEP] ".join(t for t in (products[asin].category, products[asin].query, products[asin].product_category) if t))

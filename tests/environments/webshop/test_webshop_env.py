@@ -4,6 +4,8 @@ the expert and the random agent, and the contract suite."""
 
 from __future__ import annotations
 
+import json
+
 import itertools
 import re
 
@@ -128,7 +130,18 @@ def test_search_results_item_subpages_and_buy(make_real):
     assert terminated and not truncated
     assert reward == pytest.approx(expected.reward) and info["reward_info"] == expected.to_dict()
     assert info["purchased"] == {"asin": asin, "options": {group: values[-1]}}
-    assert fields(obs) == ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)", f"{expected.reward}"]
+    # The done page: what WebShop's shows (minus the MTurk code): the purchase, the score, the reward details.
+    shown = fields(obs)
+    assert shown[:5] == ["Thank you for shopping with us!", "Purchased", "asin", asin, "options"]
+    assert json.loads(shown[5]) == {group: values[-1]}
+    assert shown[6:8] == ["attrs", str(list(product.attributes))]
+    assert shown[shown.index("Your score (min 0.0, max 1.0)") + 1] == f"{expected.reward}"
+    assert shown[-2] == "Reward Details"
+    details = json.loads(shown[-1])
+    assert list(details)[:6] == ["r_type", "r_att", "w_att", "query_match", "category_match", "title_score"]
+    assert details["r_type"] == expected.r_type and details["title_score"] == pytest.approx(expected.title_score)
+    assert ("r_price" in details) == (expected.r_price is not None)
+    assert goal.instruction_text not in obs and "Your code" not in obs  # no goal fields, no MTurk code
     hindsight = info["hindsight"]
     assert hindsight.score == pytest.approx(expected.reward) and hindsight.success == (expected.reward == 1.0)
     assert hindsight.details["purchased"]["asin"] == asin and hindsight.details["reward_info"] == expected.to_dict()
