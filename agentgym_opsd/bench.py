@@ -46,7 +46,6 @@ from __future__ import annotations
 import io
 import json
 import time
-import tomllib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field

@@ -251,7 +251,8 @@ def credit_records(
     import torch
 
     from agentgym_opsd.report.credit import credit_record
-    from trainer.credit import CreditConfig, TurnLayout, compute_advantages, episode_rewards
+    from trainer.credit import TurnLayout, compute_advantages, episode_rewards
+    from trainer.env_knowledge import credit_config
     from trainer.credit.agentopsd import belief_path, belief_prior, turn_weights
     from trainer.credit.evidence import token_gap, turn_evidence
     from trainer.credit.grpo import broadcast_to_tokens, grpo_episode_advantage
@@ -264,7 +265,7 @@ def credit_records(
         return []
     records = []
     for method in methods:
-        config = CreditConfig.for_env(env_id, method, **(overrides or {}).get(method, {}))
+        config = credit_config(env_id, method, **(overrides or {}).get(method, {}))
         rows = build_rows(episodes, tokenizer, span_mode=config.span_mode, chat_template_kwargs=chat_template_kwargs or {},
                           max_length=getattr(policy.config, "max_position_embeddings", None))
         lp_student = row_logprobs(policy, rows, micro_batch_tokens=micro_batch_tokens)                    # lp_S

@@ -15,7 +15,12 @@ from typing import Any
 
 from agentgym_opsd.context import ContextPolicy, HistoryItem, Message
 from agentgym_opsd.core import Hindsight, StepInfo
-from agentgym_opsd.io import DataFileError, append_jsonl, atomic_write_text, read_jsonl_numbered
+from agentgym_opsd.io import (
+    DataFileError,
+    append_jsonl,
+    atomic_write_text,
+    read_jsonl_numbered,
+)
 
 __all__ = ["TurnTokens", "Turn", "Episode", "save_episodes", "append_episodes", "load_episodes"]
 
@@ -169,6 +174,12 @@ class Episode:
     meta: dict[str, Any] = field(default_factory=dict)
 
     # -- outcome ------------------------------------------------------------------------------
+
+    @property
+    def group_key(self) -> str:
+        """The group an episode's outcome is compared within (GRPO's group): `group` when the
+        rollout named one, else its env and task (`env_id::task_id`)."""
+        return self.group or f"{self.env_id}::{self.task_id}"
 
     @property
     def success(self) -> bool:

@@ -10,9 +10,9 @@ OpenRLHF executor (`trainer.openrlhf.rollout`) and the token rows (`trainer.rows
   (`prompt_ids`, assistant messages verbatim), and the feedback block that follows a generated turn
   (`feedback_ids`: the template's end-of-turn token when the model did not write it, the
   observation as a user turn, the opening of the next assistant turn).
-- `framing_for(tokenizer, **kwargs)`: a cached framing, keyed by what the tokenizer is (its name,
-  vocabulary size and chat template), not by the Python object, so that freshly unpickled copies of
-  one tokenizer share one entry.
+- `framing_for(tokenizer, **kwargs)`: the framing, with the template read once per distinct chat
+  template (the cache holds text, never a tokenizer, so freshly unpickled copies of a tokenizer
+  cost nothing and are not kept).
 - `generated_char_offsets` / `token_range`: where each generated token sits in the decoded text,
   so the env's character span of the action maps onto the sampled ids.
 - `text_turn_tokens(framing, episode, context)`: the ids a text-only agent's episode (the expert,
@@ -275,37 +275,39 @@ class ChatFraming:
         return text, offsets, closed
 
 
-_FRAMINGS: dict[str, ChatFraming] = {}
-_FRAMINGS_LOCK = threading.Lock()
+_TEMPLATES: dict[str, tuple[str, str, str]] = {}  # template key -> (close_text, feedback_template, generation_prompt)
+_TEMPLATES_LOCK = threading.Lock()
 
 
-def tokenizer_identity(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> str:
-    """A key for what a tokenizer is (name or path, vocabulary size and added tokens, chat template,
-    template keywords): equal for copies of one tokenizer, whatever Python object holds it."""
+def template_key(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    """What a framing's text depends on: the chat template, its keywords and the special tokens
+    (equal for every copy of one tokenizer, whatever Python object holds it)."""
     digest = hashlib.blake2b(digest_size=16)
     for part in (
-        str(getattr(tokenizer, "name_or_path", "")),
-        str(getattr(tokenizer, "vocab_size", "")),
-        repr(sorted(getattr(tokenizer, "added_tokens_encoder", {}).items())),
         str(getattr(tokenizer, "chat_template", "")),
         repr(sorted((chat_template_kwargs or {}).items())),
+        repr(sorted(getattr(tokenizer, "all_special_tokens", []) or [])),
     ):
         digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
     return digest.hexdigest()
 
 
 def framing_for(tokenizer: Any, **chat_template_kwargs: Any) -> ChatFraming:
-    """The framing of `tokenizer`, read once per distinct tokenizer (see `tokenizer_identity`).
+    """The framing of `tokenizer`: the template is read once per distinct template (`template_key`),
+    and the framing returned encodes with the tokenizer given.
 
-    The cached framing holds the first tokenizer object seen with that identity; an equal copy
-    (OpenRLHF sends a freshly unpickled tokenizer with every rollout call) reuses it.
+    The cache holds text only, never a tokenizer: OpenRLHF hands every rollout call a freshly
+    unpickled tokenizer (about 85 MiB for Qwen3), and a cache keyed by the object would keep each one.
     """
-    key = tokenizer_identity(tokenizer, chat_template_kwargs)
-    with _FRAMINGS_LOCK:
-        framing = _FRAMINGS.get(key)
-        if framing is None:
-            framing = _FRAMINGS[key] = ChatFraming.for_tokenizer(tokenizer, **chat_template_kwargs)
+    key = template_key(tokenizer, chat_template_kwargs)
+    with _TEMPLATES_LOCK:
+        text = _TEMPLATES.get(key)
+    if text is None:
+        framing = ChatFraming.for_tokenizer(tokenizer, **chat_template_kwargs)
+        with _TEMPLATES_LOCK:
+            _TEMPLATES[key] = (framing.close_text, framing.feedback_template, framing.generation_prompt)
         return framing
+    return ChatFraming(tokenizer, *text, dict(chat_template_kwargs))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,15 +24,11 @@ the checkpoint and reaches the same state as a run that was never stopped.
 from __future__ import annotations
 
 import copy
-import dataclasses
-import hashlib
-import io
 import json
 import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,231 +37,30 @@ import torch
 from tqdm.auto import tqdm
 
 import agentgym_opsd
-from agentgym_opsd.agents import ExpertAgent
-from agentgym_opsd.episode import Episode, load_episodes, save_episodes
-from agentgym_opsd.io import atomic_directory, atomic_write_bytes, atomic_write_json, atomic_write_text, append_jsonl, read_jsonl_numbered
+from agentgym_opsd.episode import Episode, save_episodes
+from agentgym_opsd.io import (
+    append_jsonl,
+    atomic_directory,
+    atomic_write_json,
+    atomic_write_text,
+    read_jsonl_numbered,
+)
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
+from trainer.checkpoint import (
+    CHECKPOINT,
+    read_checkpoint,
+    restore_rng_states,
+    rng_states,
+    write_checkpoint,
+)
+from trainer.config import RESUMABLE_CHANGES, TrainConfig, TrainError
+from trainer.loss import clipped_pg_loss, kl_k3, micro_batches
 from trainer.policy import TinyModelSpec, load_policy, parameter_count, token_logprobs
 from trainer.sampling import HFPolicyAgent
+from trainer.warm_start import PerturbedExpert, sft_targets
 
-__all__ = ["TrainConfig", "LocalTrainer", "TrainError", "METHODS", "train"]
-
-METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
-CHECKPOINT = "checkpoint.pt"
-
-
-class TrainError(ValueError):
-    """A training run cannot start or go on; the message says how to fix it."""
-
-
-@dataclass
-class TrainConfig:
-    """Everything a run depends on (saved as config.json in the run directory).
-
-    Attributes (groups):
-        env_id, env_options: the training env and its `gymnasium.make` keywords.
-        eval_env_options: keywords overriding `env_options` for the held-out panel (e.g. a split).
-        method: grpo, gigpo, stepopsd or agentopsd; credit: overrides of `CreditConfig` fields.
-        model: a local transformers model folder, or `tiny`; tokenizer/vocab_size/tiny_*: the tiny
-            model's tokenizer (folder, `trained`, `auto`) and sizes.
-        context: the context policy (`full` or `window:k`).
-        sft_*: supervised warm start on expert episodes (0 episodes: none); sft_noise: the chance
-            that a turn of an expert episode is a random admissible action instead (a detour the
-            expert then recovers from; only the expert's own turns are trained on).
-        steps, tasks_per_step, group_size: updates, and T tasks x G episodes per update.
-        lr, weight_decay, max_grad_norm, clip_eps, kl_coef, ppo_epochs, mini_batches, micro_batch_tokens:
-            the update (ppo_epochs x mini_batches optimizer steps per batch of rollouts).
-        lr_schedule: "constant", or "linear": update k of `steps` uses lr x (steps - k + 1) / steps
-            (a function of the update number alone, so a resumed run uses the same rates).
-        temperature, max_new_tokens: sampling during rollouts.
-        (the teacher, `live` policy or `stale` snapshot refreshed every N updates, is set in `credit`:
-        teacher_mode, teacher_refresh)
-        eval_every, eval_episodes, eval_seed, eval_temperature: the held-out panel.
-        save_every: checkpoint every N updates (and at the end); 0: never (the run cannot be resumed).
-        cpu_threads: torch threads on CPU (0: torch's default). One by default: a tiny model's ops are
-            so small that OpenMP synchronisation dominates, and on a busy machine two threads made
-            each small matrix product 100x slower than one.
-    """
-
-    env_id: str
-    out: str
-    method: str = "grpo"
-    model: str = "tiny"
-    env_options: dict[str, Any] = field(default_factory=dict)
-    eval_env_options: dict[str, Any] = field(default_factory=dict)
-    credit: dict[str, Any] = field(default_factory=dict)
-    tokenizer: str = "auto"
-    vocab_size: int = 2048
-    tiny_hidden: int = 64
-    tiny_layers: int = 2
-    context: str = "full"
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-    sft_episodes: int = 0
-    sft_epochs: int = 3
-    sft_lr: float = 2e-3
-    sft_batch_tokens: int = 4096
-    sft_noise: float = 0.0
-    sft_seed: int = 1_000_000
-    steps: int = 10
-    tasks_per_step: int = 4
-    group_size: int = 4
-    lr: float = 3e-4
-    lr_schedule: str = "constant"
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0
-    ppo_epochs: int = 1
-    mini_batches: int = 1
-    micro_batch_tokens: int = 16384
-    temperature: float = 1.0
-    max_new_tokens: int = 48
-    eval_every: int = 5
-    eval_episodes: int = 32
-    eval_seed: int = 0
-    eval_temperature: float = 0.0
-    save_every: int = 1
-    num_envs: int = 0
-    cpu_threads: int = 1
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def validate(self) -> None:
-        if self.method not in METHODS:
-            raise TrainError(f"--method {self.method!r}: use one of {', '.join(METHODS)}")
-        if self.lr_schedule not in ("constant", "linear"):
-            raise TrainError(f"--lr-schedule {self.lr_schedule!r}: use constant or linear")
-        for name in ("steps", "sft_episodes", "eval_episodes"):
-            if getattr(self, name) < 0:
-                raise TrainError(f"--{name.replace('_', '-')} must be >= 0")
-        for name in ("tasks_per_step", "group_size", "max_new_tokens", "ppo_epochs", "mini_batches", "micro_batch_tokens", "sft_batch_tokens",
-                     "sft_epochs"):
-            if getattr(self, name) < 1:
-                raise TrainError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.save_every < 0:
-            raise TrainError("--save-every must be >= 0 (0: no checkpoints, so no --resume)")
-        if self.eval_every < 0:
-            raise TrainError("--eval-every must be >= 0 (0: evaluate only before and after training)")
-        if not 0.0 <= self.sft_noise < 1.0:
-            raise TrainError("--sft-noise must be in [0, 1)")
-        agentgym_opsd.ContextPolicy.parse(self.context)
-        self.credit_config()
-
-    def credit_config(self):
-        """The credit core's settings: the spec's defaults for this env family and method, with
-        `credit` overrides (unknown keys and bad values are a TrainError)."""
-        from trainer.credit import CreditConfig
-
-        known = {f.name for f in dataclasses.fields(CreditConfig)}
-        unknown = set(self.credit) - known
-        if unknown:
-            raise TrainError(f"--credit {', '.join(sorted(unknown))}: unknown setting(s); CreditConfig has {', '.join(sorted(known))}")
-        try:
-            return CreditConfig.for_env(self.env_id, self.method, **self.credit)
-        except (TypeError, ValueError) as e:
-            raise TrainError(f"--credit: {e}") from None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-# Settings a resumed run may change (the rest must match the checkpoint's run).
-_RESUMABLE_CHANGES = {"steps", "eval_every", "save_every", "out", "device", "num_envs", "cpu_threads"}
-
-
-# ---------------------------------------------------------------------------------------------
-# Rows, micro-batches and the per-token pieces of the loss
-
-
-def _row_tensors(rows) -> dict[str, torch.Tensor]:
-    """The [R, ...] tensors of a TokenRows (any field whose first dimension is the row count)."""
-    n = rows.input_ids.shape[0]
-    out = {}
-    for f in dataclasses.fields(rows) if dataclasses.is_dataclass(rows) else []:
-        value = getattr(rows, f.name)
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
-            out[f.name] = value
-    return out
-
-
-def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Row indices packed into micro-batches whose padded size (rows x longest row) stays within
-    `max_tokens` (a longer row goes alone). Rows of similar length go together."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        width = max(longest, int(lengths[i]))
-        if current and width * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, longest = [], 0
-            width = int(lengths[i])
-        current.append(i)
-        longest = width
-    if current:
-        batches.append(current)
-    return batches
-
-
-def clipped_pg_loss(
-    new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_eps: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The PPO clipped surrogate, summed over `mask` (divide by the batch's token count for the mean).
-
-        r_t = exp(lp_new - lp_old);  l_t = -min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t)
-
-    Returns (sum of l_t, number of clipped tokens, sum of r_t) over the masked tokens.
-    """
-    ratio = torch.exp(new_logp - old_logp)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    loss = -torch.minimum(unclipped, clipped)
-    m = mask.float()
-    was_clipped = ((unclipped - clipped).abs() > 0) & mask
-    return (loss * m).sum(), was_clipped.sum(), (ratio.detach() * m).sum()
-
-
-def kl_k3(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token KL(pi || pi_ref) estimate k3 = exp(ref - new) - (ref - new) - 1 (>= 0, unbiased)."""
-    d = ref_logp - new_logp
-    return torch.exp(d) - d - 1.0
-
-
-class PerturbedExpert:
-    """The env's expert with random detours (DART-style state perturbation).
-
-    With probability `noise` a turn is a random admissible action instead of the expert's; the expert
-    replans from wherever that leads. The detours put the expert in states it would never visit by
-    itself (a wrong receptacle, an object not found yet), so a policy fine-tuned on the expert's
-    turns also learns how to recover. `detours` holds `(episode_id, turn)` of the random turns
-    (SFT leaves them out). Draws depend on (seed, episode id, turn) only, not on batching.
-    """
-
-    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
-        self.name = "expert"
-        self.noise = float(noise)
-        self.seed = int(seed)
-        self.expert = ExpertAgent()
-        self.detours: set[tuple[str, int]] = set()
-
-    def act(self, messages, info, env) -> str:
-        step = info.get("step")
-        if step is not None and self.noise > 0 and step.admissible_actions:
-            digest = hashlib.blake2b(step.episode_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-            rng = np.random.default_rng([self.seed, int.from_bytes(digest, "little"), int(step.turn)])
-            if rng.random() < self.noise:
-                self.detours.add((step.episode_id, int(step.turn)))
-                actions = step.admissible_actions
-                return env.format_action(actions[int(rng.integers(len(actions)))])
-        return self.expert.act(messages, info, env)
+__all__ = ["TrainConfig", "LocalTrainer", "TrainError", "train", "sampling_consistency"]
 
 
 def sampling_consistency(rows, old_logp: torch.Tensor) -> dict[str, float]:
@@ -284,17 +79,6 @@ def sampling_consistency(rows, old_logp: torch.Tensor) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def _numpy_state_to_safe(state: tuple) -> tuple:
-    """numpy's legacy RNG state with its key array as a tensor (loadable with weights_only=True)."""
-    name, key, pos, has_gauss, gauss = state
-    return (name, torch.from_numpy(np.asarray(key, dtype=np.int64)), int(pos), int(has_gauss), float(gauss))
-
-
-def _numpy_state_from_safe(state: tuple) -> tuple:
-    name, key, pos, has_gauss, gauss = state
-    return (name, key.numpy().astype(np.uint32), pos, has_gauss, gauss)
 
 
 class LocalTrainer:
@@ -540,14 +324,7 @@ class LocalTrainer:
             raise TrainError(f"{cfg.env_id}: the expert solved none of {cfg.sft_episodes} episodes; nothing to warm-start on")
         save_episodes(self.out / "episodes" / "sft_expert.jsonl", episodes)
         rows = self.rows(episodes)
-        # the expert's own turns: [E, K] table of detours, looked up for every token by (episode, turn)
-        K = max(e.num_turns for e in episodes)
-        detour = torch.zeros(len(episodes), K + 1, dtype=torch.bool)
-        for i, e in enumerate(episodes):
-            for k in range(e.num_turns):
-                detour[i, k] = (e.episode_id, k) in detours
-        is_detour = detour[rows.row_episode[:, None], rows.turn_id.clamp(min=0)]
-        target = (rows.turn_id >= 0) & ~is_detour
+        target, detour_turns = sft_targets(rows, episodes, detours)  # the expert's own turns only
         self._make_optimizer(cfg.sft_lr)
         generated_tokens = int(target.sum())
         bar = tqdm(total=cfg.sft_epochs, desc="SFT warm start", unit="epoch", disable=not self.progress)
@@ -578,7 +355,7 @@ class LocalTrainer:
         bar.close()
         record = {
             "kind": "sft_done", "step": 0, "sft/episodes": len(episodes), "sft/generated_tokens": generated_tokens,
-            "sft/detour_turns": int(is_detour[rows.turn_id >= 0].sum()) if len(detours) else 0,
+            "sft/detour_turns": detour_turns,
             "sft/loss": loss_value, "sft/seconds": time.perf_counter() - started,
         }
         self.log(record)
@@ -602,7 +379,6 @@ class LocalTrainer:
         return episodes
 
     def rl_step(self) -> dict[str, Any]:
-        cfg = self.config
         started = time.perf_counter()
         agent = self._rollout_agent
         episodes = self.rollout()
@@ -836,7 +612,7 @@ class LocalTrainer:
     def save_checkpoint(self) -> None:
         """model, optimizer, teacher snapshot, KL reference, RNG states and progress, in one file
         written atomically (a crash leaves the previous checkpoint)."""
-        state = {
+        write_checkpoint(self.out, {
             "format": 1,
             "config": self.config.to_dict(),
             "step": self.step,
@@ -848,22 +624,15 @@ class LocalTrainer:
             "reference": None if self.reference_model is None else self.reference_model.state_dict(),
             "rng": {
                 "trainer": self.rng.bit_generator.state,
-                "python": random.getstate(),
-                "numpy": _numpy_state_to_safe(np.random.get_state()),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                **rng_states(),
                 "rollout_agent": self._rollout_agent.state_dict() if self._agent is not None else None,
             },
-        }
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        atomic_write_bytes(self.out / CHECKPOINT, buffer.getvalue())
+        })
 
     def _load_run(self) -> None:
-        # weights_only: a checkpoint holds tensors, numbers and strings only (no pickled objects)
-        state = torch.load(self.out / CHECKPOINT, map_location="cpu", weights_only=True)
+        state = read_checkpoint(self.out)
         saved = TrainConfig.from_dict(state["config"])
-        changed = {k for k, v in saved.to_dict().items() if getattr(self.config, k) != v} - _RESUMABLE_CHANGES
+        changed = {k for k, v in saved.to_dict().items() if getattr(self.config, k) != v} - RESUMABLE_CHANGES
         if changed:
             raise TrainError(
                 f"--resume: the run in {self.out} was started with other settings ({', '.join(sorted(changed))}); "
@@ -888,11 +657,7 @@ class LocalTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         rng = state["rng"]
         self.rng.bit_generator.state = rng["trainer"]
-        random.setstate(rng["python"])
-        np.random.set_state(_numpy_state_from_safe(rng["numpy"]))
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        restore_rng_states(rng)
         if rng["rollout_agent"] is not None:
             self._rollout_agent.load_state_dict(rng["rollout_agent"])
         self._truncate_metrics()

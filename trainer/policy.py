@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-
 __all__ = [
     "DEFAULT_QWEN3_TOKENIZER",
     "CHATML_TEMPLATE",

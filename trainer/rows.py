@@ -30,7 +30,7 @@ episode has one row per turn (its prompt, its response). Both kinds may be mixed
 - Truncation is counted, never silent: rows longer than `max_length` are cut at the end (the
   causal prefix must stay intact); `truncated_rows`, `truncated_tokens` (generated tokens lost)
   and `truncated_turns` say how much, and a warning is logged.
-- Groups: `Episode.group`, or the env id and task id when it is empty (`group_key`). GiGPO's state
+- Groups: `Episode.group`, or the env id and task id when it is empty (`Episode.group_key`). GiGPO's state
   keys are the states each turn acted in (`Episode.state_keys_before()`), interned to ints across
   the call (the empty key is unknown: -1).
 """
@@ -59,14 +59,9 @@ from trainer.chat import (
 from trainer.credit import CreditBatch
 from trainer.credit.config import SPAN_MODES
 
-__all__ = ["TokenRows", "build_rows", "render_prompt", "episode_messages", "ChatTemplateMismatch", "group_key"]
+__all__ = ["TokenRows", "build_rows", "render_prompt", "episode_messages", "ChatTemplateMismatch"]
 
 log = logging.getLogger(__name__)
-
-
-def group_key(episode: Episode) -> str:
-    """The group an episode's advantage is normalised in: its `group`, else `env_id::task_id`."""
-    return episode.group or f"{episode.env_id}::{episode.task_id}"
 
 
 @dataclass
@@ -358,7 +353,7 @@ def build_rows(
     step_reward = torch.zeros((E, K), dtype=torch.float32)
     state_id = torch.full((E, K), -1, dtype=torch.long)
     for i, episode in enumerate(episodes):
-        groups.append(group_index.setdefault(group_key(episode), len(group_index)))
+        groups.append(group_index.setdefault(episode.group_key, len(group_index)))
         for k, (turn, key) in enumerate(zip(episode.turns, episode.state_keys_before(), strict=True)):
             step_reward[i, k] = float(turn.reward)
             if key:

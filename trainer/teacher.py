@@ -22,7 +22,7 @@ group (in the order given), written as its actions and observations. The referen
 AgentOPSD: the privileged skill note prepended to the first message of the student prompt (the
 system message): "[Privileged Skill Information]\\n" + skill text + "\\n\\n" + the original content.
 The rest of the row (every response, observation and template token) is unchanged, so one forward
-per row scores every turn. Skill notes live in trainer/skills (see `skill_text`).
+per row scores every turn. Skill notes: `trainer.env_knowledge.skill_text` (the env family's own).
 
 Cost (N = rows, T = row length, P = privileged prefix tokens, K = turns per row, H = hindsight block
 tokens, L_k = span tokens of turn k, s_k = its start):
@@ -48,22 +48,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from agentgym_opsd.episode import Episode
-from trainer.credit.config import CreditConfig, env_family
 from trainer.chat import episode_messages, render_prompt
+from trainer.credit.config import CreditConfig
+from trainer.env_knowledge import skill_text
 from trainer.rows import TokenRows
 
 __all__ = [
     "TeacherScores",
     "TeacherSequence",
     "SKILL_HEADER",
-    "skill_text",
     "privileged_messages",
     "peer_episodes",
     "hindsight_block",
@@ -76,65 +75,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SKILL_HEADER = "[Privileged Skill Information]\n"
-SKILLS_DIR = Path(__file__).resolve().parent / "skills"
-
-_ALIASES = {
-    "alfworld": {
-        "pick_and_place_simple": "pick",
-        "look_at_obj_in_light": "look",
-        "pick_clean_then_place_in_recep": "clean",
-        "pick_heat_then_place_in_recep": "heat",
-        "pick_cool_then_place_in_recep": "cool",
-        "pick_two_obj_and_place": "pick_two",
-        "picktwo": "pick_two",
-        "pick2": "pick_two",
-        "pick_and_place": "pick",
-        "examine": "look",
-    },
-    "webshop": {"food": "grocery", "furniture": "garden", "home": "garden", "kitchen": "garden"},
-    "searchqa": {
-        "nq": "single_hop",
-        "nq_open": "single_hop",
-        "triviaqa": "single_hop",
-        "popqa": "single_hop",
-        "single": "single_hop",
-        "hotpotqa": "multi_hop",
-        "hotpot": "multi_hop",
-        "2wikimultihopqa": "multi_hop",
-        "2wiki": "multi_hop",
-        "musique": "multi_hop",
-        "bamboogle": "multi_hop",
-        "bridge": "multi_hop",
-        "comparison": "multi_hop",
-        "two_hop": "multi_hop",
-        "multi": "multi_hop",
-    },
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Privileged text
-
-
-def skill_text(env_id: str, task_type: str, skills_dir: str | Path | None = None) -> str:
-    """The skill note for a task: general.txt, then `<family>-<task type>.txt` when there is one.
-
-    Raises FileNotFoundError when the folder has no general.txt (a replaced folder must keep it).
-    """
-    folder = Path(skills_dir) if skills_dir is not None else SKILLS_DIR
-    general = folder / "general.txt"
-    if not general.is_file():
-        raise FileNotFoundError(f"skill folder {folder} has no general.txt (the note every task reads)")
-    parts = [general.read_text(encoding="utf-8").strip()]
-    family = env_family(env_id)
-    kind = str(task_type).strip().lower().replace("-", "_").replace(" ", "_")
-    for name in (kind, _ALIASES.get(family, {}).get(kind)):
-        if name and (folder / f"{family}-{name}.txt").is_file():
-            parts.append((folder / f"{family}-{name}.txt").read_text(encoding="utf-8").strip())
-            break
-    return "\n\n".join(p for p in parts if p)
-
-
 def privileged_messages(messages: list[dict[str, str]], skill: str) -> list[dict[str, str]]:
     """AgentOPSD's teacher prompt: the skill note prepended to the first message's content."""
     if not messages:
@@ -148,7 +88,7 @@ def peer_episodes(episodes: Sequence[Episode], rows: TokenRows | None = None) ->
     """{failed episode: the first successful episode of its group} for mixed groups."""
     groups: dict[Any, list[int]] = {}
     for i, ep in enumerate(episodes):
-        key = int(rows.episode_group[i]) if rows is not None else (ep.group or f"{ep.env_id}::{ep.task_id}")
+        key = int(rows.episode_group[i]) if rows is not None else ep.group_key
         groups.setdefault(key, []).append(i)
     out = {}
     for members in groups.values():

@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "config_from_args"]
+from trainer.credit.config import METHODS  # no torch: the credit package loads its tensor code lazily
 
-_METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
+__all__ = ["add_parser", "config_from_args"]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -32,7 +32,7 @@ def add_parser(subparsers: Any) -> None:
         argument_default=S,
     )
     p.add_argument("--env", dest="env_id", help="env id to train on (see `agentgym-opsd list`)")
-    p.add_argument("--method", choices=_METHODS, help="credit assignment (default grpo)")
+    p.add_argument("--method", choices=METHODS, help="credit assignment (default grpo)")
     p.add_argument("--model", help="a local transformers model folder with a chat template, or `tiny` (default)")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", default=False, help="continue the run in --out from its checkpoint")

@@ -11,7 +11,9 @@ This module stays light: registering imports nothing heavy; the engine loads whe
 
 from __future__ import annotations
 
-from environments.alfworld.expert import TASK_TYPES  # a light module (no engine imports)
+from environments.alfworld.expert import (
+    TASK_TYPES,  # a light module (no engine imports)
+)
 
 __all__ = ["register", "IDS"]
 
@@ -38,9 +40,32 @@ def _sizes(task_types: tuple[str, ...]):
     return size
 
 
+# What a trainer reads about the family (spec section 1): the action block is the scored span, 0.1
+# per invalid turn, StepOPSD's mixing strength 0.2.
+CREDIT_DEFAULTS = {"span_mode": "action_only", "invalid_coef": 0.1, "lam_mix": 0.2}
+
+# AgentOPSD's strategy notes (skills/<type>.txt), under the names ALFWorld's data uses too.
+SKILL_ALIASES = {
+    "pick_and_place_simple": "pick",
+    "look_at_obj_in_light": "look",
+    "pick_clean_then_place_in_recep": "clean",
+    "pick_heat_then_place_in_recep": "heat",
+    "pick_cool_then_place_in_recep": "cool",
+    "pick_two_obj_and_place": "pick_two",
+    "picktwo": "pick_two",
+    "pick2": "pick_two",
+    "pick_and_place": "pick",
+    "examine": "look",
+}
+
+
 def register() -> None:
     """Register the ALFWorld ids (the `agentgym_opsd.envs` entry point)."""
-    from agentgym_opsd.registry import register_env
+    from pathlib import Path
+
+    from agentgym_opsd.registry import notes_folder, register_env
+
+    notes = notes_folder(Path(__file__).with_name("skills"), SKILL_ALIASES)
 
     for name, (subset, task_types) in IDS.items():
         what = "all six task types" if subset == "all" else task_types[0]
@@ -53,4 +78,6 @@ def register() -> None:
             description=f"ALFWorld household tasks ({what}) on the TextWorld PDDL engine; embedded panel or json_2.1.1",
             kwargs={"task_types": task_types},
             sizes=_sizes(task_types),
+            credit_defaults=CREDIT_DEFAULTS,
+            skill_notes=notes,
         )

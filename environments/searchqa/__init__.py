@@ -47,10 +47,28 @@ def _sizes(dataset: str):
     return size
 
 
+# What a trainer reads about the family: the whole turn is scored (reasoning and query go together),
+# 0.01 per invalid turn, mixing strength 0.1 (the spec allows 0.05 to 0.2). The reward is exact match
+# alone, as in Search-R1 (F1 stays in `info`), so the score does not enter R.
+CREDIT_DEFAULTS = {"span_mode": "clean_step", "invalid_coef": 0.01, "lam_mix": 0.1}
+
+# AgentOPSD's strategy notes (skills/<kind>.txt), by the kind of question each data set asks.
+SKILL_ALIASES = {
+    "nq": "single_hop", "nq_open": "single_hop", "triviaqa": "single_hop", "popqa": "single_hop",
+    "single": "single_hop", "hotpotqa": "multi_hop", "hotpot": "multi_hop", "2wikimultihopqa": "multi_hop",
+    "2wiki": "multi_hop", "musique": "multi_hop", "bamboogle": "multi_hop", "bridge": "multi_hop",
+    "comparison": "multi_hop", "two_hop": "multi_hop", "multi": "multi_hop",
+}
+
+
 def register() -> None:
     """Register the Search-QA ids and agents (the `agentgym_opsd.envs` entry point)."""
+    from pathlib import Path
+
     from agentgym_opsd.agents import register_agent
-    from agentgym_opsd.registry import register_env
+    from agentgym_opsd.registry import notes_folder, register_env
+
+    notes = notes_folder(Path(__file__).with_name("skills"), SKILL_ALIASES)
 
     for env_id, (dataset, description) in _IDS.items():
         splits, _ = DATASETS[dataset]
@@ -63,6 +81,8 @@ def register() -> None:
             description=description,
             kwargs={"dataset": dataset},
             sizes=_sizes(dataset),
+            credit_defaults=CREDIT_DEFAULTS,
+            skill_notes=notes,
         )
     register_agent("searchqa-oracle", "environments.searchqa.agents:OracleAgent")
     register_agent("searchqa-baseline", "environments.searchqa.agents:RetrievalBaselineAgent")

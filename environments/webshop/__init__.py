@@ -22,9 +22,19 @@ def _split_size(split: str) -> int:
     return len(get_world().splits[split])
 
 
+# What a trainer reads about the family: the clicked or searched action block is the scored span, 0.1
+# per invalid turn, mixing strength 0.2, and WebShop's graded reward (its score) enters R.
+CREDIT_DEFAULTS = {"span_mode": "action_only", "invalid_coef": 0.1, "lam_mix": 0.2, "score_coef": 1.0}
+
+# AgentOPSD's strategy notes (skills/<category>.txt); WebShop's other category names.
+SKILL_ALIASES = {"food": "grocery", "furniture": "garden", "home": "garden", "kitchen": "garden"}
+
+
 def register() -> None:
     """Register `agentgym/WebShop-v0` (entry point of the `agentgym_opsd.envs` group)."""
-    from agentgym_opsd.registry import register_env  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from agentgym_opsd.registry import notes_folder, register_env  # noqa: PLC0415
 
     register_env(
         ENV_ID,
@@ -34,4 +44,6 @@ def register() -> None:
         splits=("test", "eval", "train", "all"),
         description="WebShop shopping (pages and reward as WebShop); built-in SYNTHETIC catalog unless catalog=PATH",
         sizes=_split_size,
+        credit_defaults=CREDIT_DEFAULTS,
+        skill_notes=notes_folder(Path(__file__).with_name("skills"), SKILL_ALIASES),
     )

@@ -164,7 +164,8 @@ def episode_advantages(experiences):
 def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_tokenizer, load_policy_actor):
     """The teacher forward runs on the actor group, gives what the credit core's own scorer gives
     with the same weights, and the reshaped advantages keep GRPO's signs within the spec's bounds."""
-    from trainer.credit import CreditConfig, compute_advantages
+    from trainer.credit import compute_advantages
+    from trainer.env_knowledge import credit_config
     from trainer.openrlhf.credit_rows import rollout_token_rows
     from trainer.openrlhf.samples import ACTION_KEY, RECORD_KEY, TURN_KEY
     from trainer.teacher import score_teacher
@@ -181,7 +182,7 @@ def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_t
     assert logs["credit/delta_std"] > 0, "privileged context must move some teacher log-probs"
 
     # The credit core's own teacher scorer, on the same weights, sees the same log-probs.
-    config = CreditConfig.for_env("example/GuessNumber-v0", method, teacher_mode="live", **{k: v for k, v in credit.items() if k != "method"})
+    config = credit_config("example/GuessNumber-v0", method, teacher_mode="live", **{k: v for k, v in credit.items() if k != "method"})
     samples = copy.deepcopy(rollout.samples)
     stock = grpo_maker.make_experience(grpo_maker.split_rollout_samples(samples))
     batch = rollout_token_rows(stock, GROUP, qwen3_tokenizer, config, TURN_KEY, ACTION_KEY, RECORD_KEY)
@@ -253,7 +254,8 @@ def test_one_policy_loss_update(made, rollout, load_policy_actor):
 def test_gigpo_clusters_the_env_state_keys(made, rollout, qwen3_tokenizer):
     """GiGPO reads the executor's records (state keys before each turn, step rewards): every group
     starts in one state, so turn 0 forms a cluster and its step advantage reshapes GRPO's."""
-    from trainer.credit import CreditConfig, compute_advantages
+    from trainer.credit import compute_advantages
+    from trainer.env_knowledge import credit_config
     from trainer.openrlhf.credit_rows import rollout_token_rows
     from trainer.openrlhf.samples import ACTION_KEY, RECORD_KEY, TURN_KEY
 
@@ -261,7 +263,7 @@ def test_gigpo_clusters_the_env_state_keys(made, rollout, qwen3_tokenizer):
     maker = make_maker(rollout, qwen3_tokenizer, {"method": "gigpo"})
     experiences = maker.make_experience_batch(copy.deepcopy(rollout.samples))
     assert maker.last_diagnostics["credit/step_adv_std"] > 0
-    config = CreditConfig.for_env("example/GuessNumber-v0", "gigpo", teacher_mode="live")
+    config = credit_config("example/GuessNumber-v0", "gigpo", teacher_mode="live")
     stock = grpo_maker.make_experience(grpo_maker.split_rollout_samples(copy.deepcopy(rollout.samples)))
     batch = rollout_token_rows(stock, GROUP, qwen3_tokenizer, config, TURN_KEY, ACTION_KEY, RECORD_KEY)
     first_states = batch.rows.state_id[:, 0]

@@ -22,7 +22,11 @@ import torch
 pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
 from trainer.openrlhf.config import ENV_VAR, BridgeConfig
-from trainer.openrlhf.launch import AGENT_FUNC_PATH, complete_flags, parse_openrlhf_flags
+from trainer.openrlhf.launch import (
+    AGENT_FUNC_PATH,
+    complete_flags,
+    parse_openrlhf_flags,
+)
 
 GROUP = 4
 PROMPT_SEEDS = "2,6,0"  # secrets 3, 7 (the warm-started policy opens with 3 or 7) and 1

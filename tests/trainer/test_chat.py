@@ -99,18 +99,29 @@ def test_offsets_of_random_ids_cover_the_decoded_text(qwen3_tokenizer):
     assert replacement > 0  # the test met ids ending inside a character
 
 
-def test_one_framing_per_tokenizer_however_many_unpickled_copies(qwen3_tokenizer):
-    """OpenRLHF sends each rollout call a freshly unpickled tokenizer: the framing cache must not grow
-    with the calls (it held one ~85 MiB tokenizer per call when it was keyed by id())."""
+def test_the_framing_cache_keeps_no_tokenizer_however_many_unpickled_copies(qwen3_tokenizer):
+    """OpenRLHF sends each rollout call a freshly unpickled tokenizer: the cache must not grow with the
+    calls nor keep the copies alive (it held one ~85 MiB tokenizer per call when it was keyed by id()),
+    and each framing encodes with the tokenizer it was given (two trained tokenizers share a template)."""
+    import gc
+    import weakref
+
     from trainer.policy import train_tokenizer
 
     small = train_tokenizer(["<action>go to desk 1</action>", "You see a desk."] * 20, vocab_size=300)
     for tokenizer, copies in ((small, 100), (qwen3_tokenizer, 3)):  # the real one is slow to unpickle
-        first = framing_for(tokenizer)
-        size = len(chat._FRAMINGS)
+        framing_for(tokenizer)
+        size = len(chat._TEMPLATES)
         blob = pickle.dumps(tokenizer)
+        alive = []
         for _ in range(copies):
-            assert framing_for(pickle.loads(blob)) is first
-        assert len(chat._FRAMINGS) == size
-    assert framing_for(qwen3_tokenizer, enable_thinking=False) is not framing_for(qwen3_tokenizer)
-    assert framing_for(small) is not framing_for(qwen3_tokenizer)
+            copy = pickle.loads(blob)
+            framing = framing_for(copy)
+            assert framing.tokenizer is copy and framing.encode("You see a desk.") == tokenizer("You see a desk.")["input_ids"]
+            alive.append(weakref.ref(copy))
+            del copy, framing
+        gc.collect()
+        assert len(chat._TEMPLATES) == size and not any(ref() is not None for ref in alive)
+    other = train_tokenizer(["completely different words here", "zebra yak xylophone"] * 20, vocab_size=300)
+    assert framing_for(other).encode("zebra") == other("zebra")["input_ids"] != small("zebra")["input_ids"]
+    assert framing_for(qwen3_tokenizer, enable_thinking=False).generation_prompt.endswith("</think>\n\n")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.credit import CreditConfig, env_family, outcome_reward
+from trainer.credit import CreditConfig, outcome_reward
+from trainer.env_knowledge import credit_config
 
 
 def test_spec_defaults():
@@ -22,27 +23,39 @@ def test_spec_defaults():
 @pytest.mark.parametrize(
     "env_id,family,span,invalid,score",
     [
-        ("agentgym/ALFWorld-Heat-v0", "alfworld", "action_only", 0.1, 0.0),
-        ("agentgym/WebShop-v0", "webshop", "action_only", 0.1, 1.0),
-        ("agentgym/SearchQA-HotpotQA-v0", "searchqa", "clean_step", 0.01, 0.0),
-        ("example/GuessNumber-v0", "generic", "clean_step", 0.1, 0.0),
+        ("agentgym/ALFWorld-Heat-v0", "ALFWorld", "action_only", 0.1, 0.0),
+        ("agentgym/WebShop-v0", "WebShop", "action_only", 0.1, 1.0),
+        ("agentgym/SearchQA-HotpotQA-v0", "SearchQA", "clean_step", 0.01, 0.0),
+        ("example/GuessNumber-v0", "Example", "action_only", 0.05, 0.0),  # the plug-in's own defaults
     ],
 )
-def test_for_env(env_id, family, span, invalid, score):
-    assert env_family(env_id) == family
-    c = CreditConfig.for_env(env_id, "stepopsd")
+def test_family_defaults_come_from_the_registry(env_id, family, span, invalid, score):
+    from agentgym_opsd.registry import entry
+
+    assert entry(env_id).family == family
+    c = credit_config(env_id, "stepopsd")
     assert (c.span_mode, c.invalid_coef, c.score_coef) == (span, invalid, score)
-    assert 0.05 <= c.lam_mix <= 0.2
-    # AgentOPSD always scores the whole response.
-    assert CreditConfig.for_env(env_id, "agentopsd").span_mode == "clean_step"
-    assert CreditConfig.for_env(env_id, "grpo", invalid_coef=0.5).invalid_coef == 0.5
+    assert 0.05 <= c.lam_mix <= 0.3
+    # AgentOPSD always scores the whole response, with the live policy as teacher.
+    assert (credit_config(env_id, "agentopsd").span_mode, credit_config(env_id, "agentopsd").teacher_mode) == ("clean_step", "live")
+    assert credit_config(env_id, "grpo", invalid_coef=0.5).invalid_coef == 0.5
+
+
+def test_family_defaults_are_checked():
+    assert CreditConfig.for_method("stepopsd").span_mode == "clean_step"  # generic: works for any action format
+    with pytest.raises(ValueError, match="unknown CreditConfig fields"):
+        CreditConfig.for_method("grpo", {"lam_mixx": 0.1})
+    from agentgym_opsd.registry import UnknownEnvError
+
+    with pytest.raises(UnknownEnvError):
+        credit_config("nobody/Nothing-v0", "grpo")
 
 
 def test_release_preset():
-    c = CreditConfig.for_env("agentgym/ALFWorld-Pick-v0", "agentopsd", preset="release")
+    c = credit_config("agentgym/ALFWorld-Pick-v0", "agentopsd", preset="release")
     assert (c.belief_gamma, c.eps0, c.prior) == (1.0, 1e-4, "release_reward")
     with pytest.raises(ValueError, match="preset"):
-        CreditConfig.for_env("x", "agentopsd", preset="paper2")
+        CreditConfig.for_method("agentopsd", preset="paper2")
 
 
 @pytest.mark.parametrize(
@@ -65,7 +78,7 @@ def test_bad_values_are_refused_with_the_rule(kw, match):
 
 
 def test_round_trip_and_lam_schedule():
-    c = CreditConfig.for_env("agentgym/ALFWorld-Heat-v0", "stepopsd", lam_mix=0.2, decay_steps=50)
+    c = credit_config("agentgym/ALFWorld-Heat-v0", "stepopsd", lam_mix=0.2, decay_steps=50)
     assert CreditConfig.from_dict(c.to_dict()) == c
     assert [round(c.lam_at(s), 6) for s in (0, 25, 50, 80)] == [0.2, 0.1, 0.0, 0.0]
     assert c.replace(decay_steps=0).lam_at(1000) == 0.2

@@ -11,9 +11,10 @@ from credit_reference import to_batch
 from episodes_for_tests import UNICODE_RESPONSES, make_episode
 
 import trainer.teacher as teacher_module
-from trainer.credit import CreditConfig, compute_advantages
+from trainer.credit import compute_advantages
 from trainer.credit.agentopsd import belief_prior
 from trainer.credit.batch import TurnLayout
+from trainer.env_knowledge import credit_config
 from trainer.local import LocalTrainer, TrainConfig
 from trainer.openrlhf.config import BridgeConfig
 from trainer.rows import build_rows
@@ -86,7 +87,7 @@ def _batch_with(score=None, step_reward=None):
 
 @pytest.mark.parametrize("method", ["grpo", "gigpo", "stepopsd", "agentopsd"])
 def test_non_finite_rewards_are_an_error_naming_the_episode(method):
-    config = CreditConfig.for_env("agentgym/WebShop-v0", method)  # score_coef 1: the score is in R
+    config = credit_config("agentgym/WebShop-v0", method)  # score_coef 1: the score is in R
     with pytest.raises(ValueError, match="episode 'ep-b' has a non-finite score"):
         compute_advantages(_batch_with(score=float("nan")), config)
     with pytest.raises(ValueError, match="episode 'ep-c' has a non-finite step reward"):
@@ -101,14 +102,14 @@ def test_rows_name_their_episodes_for_the_credit_core(qwen3_tokenizer):
     rows = build_rows([episode, make_episode(UNICODE_RESPONSES[:1], episode_id="other")], qwen3_tokenizer)
     lp = torch.zeros(rows.input_ids.shape)
     with pytest.raises(ValueError, match="'webshop-7'"):
-        compute_advantages(rows.credit_batch(lp, lp), CreditConfig.for_env("agentgym/WebShop-v0", "stepopsd"))
+        compute_advantages(rows.credit_batch(lp, lp), credit_config("agentgym/WebShop-v0", "stepopsd"))
 
 
 def test_release_prior_is_the_group_mean_of_the_raw_0_10_reward():
     """Spec section 2, release preset: B_0 = clip(mean_g(10 x success), eps0, 1 - eps0): 1 - eps0 as soon
     as one episode of the group succeeds, eps0 when none does; scores and invalid-turn penalties
     play no part (they did when B_0 was the mean of R)."""
-    config = CreditConfig.for_env("agentgym/WebShop-v0", "agentopsd", preset="release")
+    config = credit_config("agentgym/WebShop-v0", "agentopsd", preset="release")
     assert config.prior == "release_reward"
     success = torch.tensor([True, True, False, False, False, False, False, False])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])

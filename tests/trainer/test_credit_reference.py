@@ -19,7 +19,6 @@ values are in the comments) and are written out literally.
 from __future__ import annotations
 
 import pytest
-import torch
 from credit_reference import per_token, to_batch
 
 from trainer.credit import CreditConfig, compute_advantages
@@ -118,7 +117,7 @@ CASES = {
     "gigpo": (CreditConfig(method="gigpo"), GIGPO),
     "stepopsd": (CreditConfig(method="stepopsd", span_mode="action_only"), STEPOPSD),
     "agentopsd": (CreditConfig(method="agentopsd", span_mode="clean_step"), AGENTOPSD),
-    "agentopsd-release": (CreditConfig.for_env("any", "agentopsd", preset="release"), AGENTOPSD_RELEASE),
+    "agentopsd-release": (CreditConfig.for_method("agentopsd", preset="release"), AGENTOPSD_RELEASE),
 }
 
 

@@ -8,7 +8,6 @@ import torch
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, ExpertAgent, run_episodes
 from agentgym_opsd.agents import AgentError, make_agent
-from trainer.sampling import HFPolicyAgent
 from trainer.policy import (
     CHATML_TEMPLATE,
     TinyModelSpec,
@@ -18,6 +17,7 @@ from trainer.policy import (
     token_logprobs,
     train_tokenizer,
 )
+from trainer.sampling import HFPolicyAgent
 
 
 def make_guess():

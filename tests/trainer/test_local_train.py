@@ -12,7 +12,13 @@ import trainer.credit as credit_core
 from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
 from agentgym_opsd.cli import main
 from agentgym_opsd.io import read_jsonl
-from trainer.local import LocalTrainer, TrainConfig, TrainError, clipped_pg_loss, micro_batches
+from trainer.local import (
+    LocalTrainer,
+    TrainConfig,
+    TrainError,
+    clipped_pg_loss,
+    micro_batches,
+)
 
 
 class ParityEnv(TextEnv):
@@ -280,7 +286,7 @@ def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp
 
 def test_perturbed_expert_detours_are_seeded_and_recovered_from() -> None:
     from agentgym_opsd import EpisodeRequest, make, run_episodes
-    from trainer.local import PerturbedExpert
+    from trainer.warm_start import PerturbedExpert
 
     def play(num_envs, noise, seed=0):
         agent = PerturbedExpert(noise, seed=seed)

@@ -10,7 +10,8 @@ from episodes_for_tests import UNICODE_RESPONSES, make_episode
 
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, RandomAgent, run_episodes
-from trainer.credit import CreditConfig, compute_advantages
+from trainer.credit import compute_advantages
+from trainer.env_knowledge import credit_config
 from trainer.rows import build_rows, episode_messages, render_prompt
 
 
@@ -204,7 +205,7 @@ def test_rows_from_a_played_env_feed_the_credit_core(qwen3):
     lp_S = -torch.rand(rows.input_ids.shape, generator=g)
     lp_T = lp_S + torch.randn(rows.input_ids.shape, generator=g)
     for method in ("grpo", "gigpo", "stepopsd", "agentopsd"):
-        cfg = CreditConfig.for_env("example/GuessNumber-v0", method)
+        cfg = credit_config("example/GuessNumber-v0", method)
         rows_m = rows if cfg.span_mode == "action_only" else build_rows(episodes, qwen3, span_mode=cfg.span_mode)
         adv, _ = compute_advantages(rows_m.credit_batch(lp_S, lp_T), cfg, 0)
         assert bool((adv[rows_m.turn_id < 0] == 0).all())

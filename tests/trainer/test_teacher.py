@@ -4,23 +4,23 @@ randomly initialised tiny Qwen3 on the real Qwen3 tokenizer."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
 from episodes_for_tests import UNICODE_RESPONSES, make_episode
 
-from trainer.credit import CreditConfig, compute_advantages
+from trainer.credit import compute_advantages
+from trainer.env_knowledge import SKILLS_DIR, credit_config, skill_text
 from trainer.rows import build_rows, episode_messages, render_prompt
 from trainer.teacher import (
     SKILL_HEADER,
-    SKILLS_DIR,
     build_teacher_sequences,
     hindsight_block,
     peer_episodes,
     privileged_messages,
     row_logprobs,
     score_teacher,
-    skill_text,
 )
 
 ALFWORLD = "agentgym/ALFWorld-Heat-v0"
@@ -67,21 +67,24 @@ def reference_logprobs(model, ids: list[int]) -> torch.Tensor:
 # Skill notes
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 @pytest.mark.parametrize(
-    "family,types",
+    "env_id,family,types",
     [
-        ("alfworld", ["pick", "look", "clean", "heat", "cool", "pick_two"]),
-        ("webshop", ["beauty", "electronics", "fashion", "garden", "grocery"]),
-        ("searchqa", ["single_hop", "multi_hop"]),
+        ("agentgym/ALFWorld-All-v0", "alfworld", ["pick", "look", "clean", "heat", "cool", "pick_two"]),
+        ("agentgym/WebShop-v0", "webshop", ["beauty", "electronics", "fashion", "garden", "grocery"]),
+        ("agentgym/SearchQA-NQ-v0", "searchqa", ["single_hop", "multi_hop"]),
     ],
 )
-def test_every_task_type_has_its_own_skill_file(family, types):
+def test_every_task_type_has_its_own_skill_note_in_its_env_package(env_id, family, types):
     general = (SKILLS_DIR / "general.txt").read_text().strip()
     texts = set()
     for t in types:
-        path = SKILLS_DIR / f"{family}-{t}.txt"
+        path = REPO / "environments" / family / "skills" / f"{t}.txt"
         assert path.is_file() and len(path.read_text().split()) >= 30, path
-        text = skill_text(f"agentgym/{family}-x-v0", t)
+        text = skill_text(env_id, t)
         assert text.startswith(general) and text.endswith(path.read_text().strip())
         texts.add(text)
     assert len(texts) == len(types)
@@ -90,22 +93,23 @@ def test_every_task_type_has_its_own_skill_file(family, types):
 @pytest.mark.parametrize(
     "env_id,task_type,file",
     [
-        ("agentgym/ALFWorld-Heat-v0", "pick_heat_then_place_in_recep", "alfworld-heat.txt"),
-        ("agentgym/ALFWorld-PickTwo-v0", "pick_two_obj_and_place", "alfworld-pick_two.txt"),
-        ("agentgym/WebShop-v0", "food", "webshop-grocery.txt"),
-        ("agentgym/SearchQA-HotpotQA-v0", "hotpotqa", "searchqa-multi_hop.txt"),
-        ("agentgym/SearchQA-NQ-v0", "nq", "searchqa-single_hop.txt"),
+        ("agentgym/ALFWorld-Heat-v0", "pick_heat_then_place_in_recep", "alfworld/skills/heat.txt"),
+        ("agentgym/ALFWorld-PickTwo-v0", "pick_two_obj_and_place", "alfworld/skills/pick_two.txt"),
+        ("agentgym/WebShop-v0", "food", "webshop/skills/grocery.txt"),
+        ("agentgym/SearchQA-HotpotQA-v0", "hotpotqa", "searchqa/skills/multi_hop.txt"),
+        ("agentgym/SearchQA-NQ-v0", "nq", "searchqa/skills/single_hop.txt"),
     ],
 )
 def test_skill_aliases(env_id, task_type, file):
-    assert skill_text(env_id, task_type).endswith((SKILLS_DIR / file).read_text().strip())
+    assert skill_text(env_id, task_type).endswith((REPO / "environments" / file).read_text().strip())
 
 
 def test_unknown_task_gets_the_general_note_and_a_user_folder_replaces_ours(tmp_path):
-    assert skill_text("example/GuessNumber-v0", "guess") == (SKILLS_DIR / "general.txt").read_text().strip()
+    assert skill_text("agentgym/ALFWorld-Heat-v0", "juggling") == (SKILLS_DIR / "general.txt").read_text().strip()
     (tmp_path / "general.txt").write_text("Be brief.")
-    (tmp_path / "alfworld-heat.txt").write_text("Use the microwave.")
+    (tmp_path / "heat.txt").write_text("Use the microwave.")
     assert skill_text(ALFWORLD, "heat", tmp_path) == "Be brief.\n\nUse the microwave."
+    assert skill_text(ALFWORLD, "cool", tmp_path).startswith("Be brief.\n\nTask family: cool")  # the env's own note
     (tmp_path / "general.txt").unlink()
     with pytest.raises(FileNotFoundError, match="general.txt"):
         skill_text(ALFWORLD, "heat", tmp_path)
@@ -131,7 +135,7 @@ def test_peer_goes_only_to_failed_episodes_of_mixed_groups():
 
 def test_hindsight_block_contents():
     episodes = group()
-    config = CreditConfig.for_env(ALFWORLD, "stepopsd")
+    config = credit_config(ALFWORLD, "stepopsd")
     text, cut = hindsight_block(episodes[1], episodes[0], config)
     assert not cut
     assert text.startswith("<hindsight>\nfinal_correctness: incorrect\npeer_correct_trajectory: <peer_correct_trajectory>\n")
@@ -153,7 +157,7 @@ def test_hindsight_block_contents():
 
 def test_stepopsd_teacher_sequence_is_prefix_block_span(qwen3):
     episodes = group()
-    config = CreditConfig.for_env(ALFWORLD, "stepopsd")
+    config = credit_config(ALFWORLD, "stepopsd")
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     seqs, counters = build_teacher_sequences(qwen3, episodes, rows, config, max_length=4096, packing=False)
     assert counters == {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
@@ -180,7 +184,7 @@ def test_stepopsd_teacher_sequence_is_prefix_block_span(qwen3):
 
 def test_agentopsd_teacher_sequence_is_skill_prompt_then_the_row(qwen3):
     episodes = group()
-    config = CreditConfig.for_env(ALFWORLD, "agentopsd")
+    config = credit_config(ALFWORLD, "agentopsd")
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     seqs, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=4096)
     assert len(seqs) == rows.num_rows  # one sequence (forward) per row
@@ -198,7 +202,7 @@ def test_span_mode_mismatch_is_refused(qwen3):
     episodes = group()
     rows = build_rows(episodes, qwen3, span_mode="action_only")
     with pytest.raises(ValueError, match="span_mode"):
-        build_teacher_sequences(qwen3, episodes, rows, CreditConfig.for_env(ALFWORLD, "agentopsd"), max_length=4096)
+        build_teacher_sequences(qwen3, episodes, rows, credit_config(ALFWORLD, "agentopsd"), max_length=4096)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +223,7 @@ def test_row_logprobs_match_a_plain_forward(qwen3, tiny):
 
 def test_stepopsd_packed_scoring_equals_separate_forwards_and_a_plain_forward(qwen3, tiny):
     episodes = group()
-    config = CreditConfig.for_env(ALFWORLD, "stepopsd")
+    config = credit_config(ALFWORLD, "stepopsd")
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     packed = score_teacher(tiny, qwen3, episodes, rows, config, packing=True)
     single = score_teacher(tiny, qwen3, episodes, rows, config, packing=False)
@@ -238,7 +242,7 @@ def test_stepopsd_packed_scoring_equals_separate_forwards_and_a_plain_forward(qw
 
 def test_agentopsd_scoring_equals_a_plain_forward(qwen3, tiny):
     episodes = group()
-    config = CreditConfig.for_env(ALFWORLD, "agentopsd")
+    config = credit_config(ALFWORLD, "agentopsd")
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     scores = score_teacher(tiny, qwen3, episodes, rows, config, micro_batch_tokens=1)
     assert scores.forwards == rows.num_rows == scores.sequences  # one forward per row
@@ -253,7 +257,7 @@ def test_agentopsd_scoring_equals_a_plain_forward(qwen3, tiny):
 
 def test_agentopsd_truncation_keeps_the_skill_and_counts_the_tail(qwen3, tiny, caplog):
     episodes = group()[:1]
-    config = CreditConfig.for_env(ALFWORLD, "agentopsd")
+    config = credit_config(ALFWORLD, "agentopsd")
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     full, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=4096)
     limit = full[0].length - 20
@@ -270,7 +274,7 @@ def test_agentopsd_truncation_keeps_the_skill_and_counts_the_tail(qwen3, tiny, c
 
 def test_stepopsd_drops_the_peer_first_then_counts_unscored_turns(qwen3, tiny):
     episodes = group()
-    config = CreditConfig.for_env(ALFWORLD, "stepopsd")
+    config = credit_config(ALFWORLD, "stepopsd")
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     seqs, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=100_000, packing=False)
     lose1 = [s for s in seqs if int(rows.row_episode[s.row]) == 1]
@@ -296,7 +300,7 @@ def test_stepopsd_drops_the_peer_first_then_counts_unscored_turns(qwen3, tiny):
 @pytest.mark.parametrize("method", ["stepopsd", "agentopsd"])
 def test_window_rows_end_to_end(qwen3, tiny, method):
     episodes = [make_episode(UNICODE_RESPONSES, success=i == 0, episode_id=f"w{i}", context="window:2") for i in range(3)]
-    config = CreditConfig.for_env(ALFWORLD, method)
+    config = credit_config(ALFWORLD, method)
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     scores = score_teacher(tiny, qwen3, episodes, rows, config)
     assert scores.sequences == int(rows.span.any(dim=1).sum())  # one insertion point per window row

@@ -8,11 +8,12 @@ The API (stable; the local trainer and the OpenRLHF bridge both call it)
 
 One update, end to end (trainer/rows.py and trainer/teacher.py build the inputs):
 
-    from trainer.credit import CreditConfig, compute_advantages
+    from trainer.credit import compute_advantages
+    from trainer.env_knowledge import credit_config
     from trainer.rows import build_rows
     from trainer.teacher import score_teacher, row_logprobs
 
-    config = CreditConfig.for_env(env_id, "stepopsd")            # spec defaults for the env family
+    config = credit_config(env_id, "stepopsd")                   # spec defaults for the env family
     rows = build_rows(episodes, tokenizer, span_mode=config.span_mode)   # TokenRows, [R, T]
     lp_S = row_logprobs(policy, rows)                            # old log-probs (or the rollout's own)
     if config.needs_teacher:                                     # stepopsd, agentopsd, rlsd
@@ -40,10 +41,9 @@ Conventions the two halves must share:
       `row_episode` [R] says whose they are; episode tensors are [E], turn tensors [E, K]. Turn
       order is the turn index, never the row order: permuting rows permutes the output rows and
       changes nothing else.
-    - Rollout prompts: render them with `trainer.rows.render_prompt(tokenizer, messages)` (Qwen3's
-      own template drops earlier turns' <think> text; render_prompt keeps responses verbatim, which
-      is what the rows hold). Record `turn.info["finish_reason"] = "length"` when a response hit
-      the per-turn token cap (its end-of-turn token was then not generated).
+    - Token-in, token-out: rows hold the ids the policy sampled and was conditioned on
+      (`Turn.tokens`, recorded by `trainer.sampling.HFPolicyAgent`); episodes of text agents are
+      laid out with the same chat framing (`trainer.chat`).
     - Teacher: `config.teacher_mode` ("stale": a snapshot refreshed every `teacher_refresh`
       updates; "live": the current policy) is the trainer's to honour; `score_teacher` takes
       whichever model it is given, under no_grad.
@@ -56,7 +56,7 @@ compute_advantages(batch, config, step) -> (advantages, diagnostics)
         teacher_truncated, plus reward_mean/std, success_rate, adv_mean, scored_tokens.
         `TeacherScores.stats()` adds the teacher's cost and truncation counters ("teacher/...").
 
-CreditConfig (all knobs, spec defaults; `CreditConfig.for_env(env_id, method, preset=...)`)
+CreditConfig (all knobs, spec defaults; `CreditConfig.for_method(method, family_defaults, preset=...)`)
     method in {grpo, gigpo, stepopsd, agentopsd, rlsd}; see `trainer/credit/config.py`.
 
 outcome_reward(success, score, invalid_turns, success_scale=1, score_coef=0, invalid_coef=0.1)
@@ -73,10 +73,27 @@ Files (each reads top to bottom like the paper, with its symbols in comments):
     config.py     CreditConfig
 """
 
-from trainer.credit.batch import CreditBatch, TurnLayout
-from trainer.credit.compute import compute_advantages, episode_rewards
-from trainer.credit.config import METHODS, RELEASE_PRESET, SPAN_MODES, CreditConfig, env_family
-from trainer.credit.grpo import group_normalize, outcome_reward
+from importlib import import_module
+
+from trainer.credit.config import METHODS, RELEASE_PRESET, SPAN_MODES, CreditConfig
+
+# The tensor code is imported when first used, so that `trainer.credit.config` (METHODS, CreditConfig)
+# stays importable without torch (the command line reads METHODS).
+_LAZY = {
+    "CreditBatch": "trainer.credit.batch",
+    "TurnLayout": "trainer.credit.batch",
+    "compute_advantages": "trainer.credit.compute",
+    "episode_rewards": "trainer.credit.compute",
+    "group_normalize": "trainer.credit.grpo",
+    "outcome_reward": "trainer.credit.grpo",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trainer.credit' has no attribute {name!r}")
+
 
 __all__ = [
     "METHODS",
@@ -86,7 +103,6 @@ __all__ = [
     "CreditConfig",
     "TurnLayout",
     "compute_advantages",
-    "env_family",
     "episode_rewards",
     "group_normalize",
     "outcome_reward",

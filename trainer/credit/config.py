@@ -1,16 +1,19 @@
 """`CreditConfig`: the method and every knob of ../shared/spec/credit.md, with the spec's defaults.
 
-Symbols in comments are the spec's. Per-env-family defaults (span mode, invalid penalty, mixing
-strength) come from `CreditConfig.for_env(env_id, method)`; anything can be overridden by keyword.
+Symbols in comments are the spec's. `CreditConfig.for_method(method, family_defaults, ...)` puts
+together the method's rules, an env family's defaults (span mode, invalid penalty, mixing strength:
+each env family registers its own, `trainer.env_knowledge.credit_config` reads them from the
+registry) and keyword overrides. This module knows nothing of environments.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CreditConfig", "METHODS", "SPAN_MODES", "RELEASE_PRESET", "env_family"]
+__all__ = ["CreditConfig", "METHODS", "SPAN_MODES", "RELEASE_PRESET"]
 
 METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd", "rlsd")
 SPAN_MODES = ("action_only", "clean_step")
@@ -20,18 +23,6 @@ PRIORS = ("success", "release_reward")
 RELEASE_PRESET: dict[str, Any] = {"belief_gamma": 1.0, "eps0": 1e-4, "prior": "release_reward"}
 # The release's raw episode reward: 10 for a success, 0 otherwise (what its B_0 averages).
 RELEASE_SUCCESS_REWARD = 10.0
-
-
-def env_family(env_id: str) -> str:
-    """`alfworld`, `searchqa`, `webshop` or `generic`, read from a Gymnasium id or a family name."""
-    text = str(env_id).lower().replace("-", "").replace("_", "")
-    if "alfworld" in text:
-        return "alfworld"
-    if "searchqa" in text or "search" in text:
-        return "searchqa"
-    if "webshop" in text:
-        return "webshop"
-    return "generic"
 
 
 _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
@@ -45,8 +36,9 @@ class CreditConfig:
     Section 0 (every method):
         method: `grpo`, `gigpo`, `stepopsd`, `agentopsd` (or the optional `rlsd`).
         success_scale: R_i = success_scale * success_i + score_coef * score_i - invalid_coef * n_invalid_i.
-        score_coef: weight of the env's graded score (1 for WebShop by `for_env`, else 0: an env that
-            only knows success reports score == success, and adding it would count success twice).
+        score_coef: weight of the env's graded score (WebShop's family default is 1, the generic one
+            0: an env that only knows success reports score == success, and adding it would count
+            success twice).
         invalid_coef: penalty per invalid turn (0.1; 0.01 for Search-QA).
         adv_eps: the 1e-6 in every `/ (std + 1e-6)`.
         max_abs_gap: |lp_T - lp_S| is clamped to this many nats, so -inf log-probs cannot make NaN.
@@ -65,7 +57,7 @@ class CreditConfig:
         budget: the normalized per-step credit budget (on by default).
         budget_cap: C, the budget coefficients are clipped to [1/C, C].
         teacher_mode: `stale` (a policy snapshot refreshed every `teacher_refresh` updates) or `live`
-            (the current policy). `for_env` gives StepOPSD `stale` and AgentOPSD `live` (spec section
+            (the current policy). `for_method` gives StepOPSD `stale` and AgentOPSD `live` (spec section
             2: AgentOPSD's teacher is the current (old) policy); the OpenRLHF bridge is always live.
         teacher_refresh: updates between snapshot refreshes.
         hindsight_peer: add the first successful peer's trajectory to failed episodes of mixed groups.
@@ -205,28 +197,30 @@ class CreditConfig:
         return cls(**d)
 
     @classmethod
-    def for_env(cls, env_id: str, method: str, *, preset: str = "default", **overrides: Any) -> CreditConfig:
-        """The spec's defaults for an env family and a method.
+    def for_method(
+        cls,
+        method: str,
+        family_defaults: Mapping[str, Any] | None = None,
+        *,
+        preset: str = "default",
+        **overrides: Any,
+    ) -> CreditConfig:
+        """The spec's settings for `method` with an env family's defaults.
 
-        - ALFWorld: span `action_only`, invalid_coef 0.1, lam_mix 0.2.
-        - WebShop: span `action_only`, invalid_coef 0.1, lam_mix 0.2, score_coef 1 (graded reward).
-        - Search-QA: span `clean_step`, invalid_coef 0.01, lam_mix 0.1 (the spec allows 0.05 to 0.2).
-        - anything else: span `clean_step` (works for any action format), invalid_coef 0.1.
-        AgentOPSD and RLSD always score the whole response (`clean_step`); AgentOPSD's teacher is
-        the live policy (`teacher_mode="live"`).
-        `preset="release"` applies AgentOPSD's release preset (gamma 1, eps0 1e-4, reward prior).
-        Keyword overrides win over everything.
+        Order (later wins): the dataclass defaults; the generic family defaults (span `clean_step`,
+        which works for any action format); `family_defaults` (what the env family registered, e.g.
+        ALFWorld: span `action_only`, invalid_coef 0.1, lam_mix 0.2; WebShop also score_coef 1;
+        Search-QA: span `clean_step`, invalid_coef 0.01, lam_mix 0.1); the method's own rules
+        (AgentOPSD and RLSD score the whole response, `clean_step`; AgentOPSD's teacher is the live
+        policy); `preset="release"` (AgentOPSD's public-code preset: gamma 1, eps0 1e-4, the 0/10
+        reward prior); keyword overrides.
         """
-        family = env_family(env_id)
-        values: dict[str, Any] = {"method": method}
-        if family in ("alfworld", "webshop"):
-            values.update(span_mode="action_only", invalid_coef=0.1, lam_mix=0.2)
-        elif family == "searchqa":
-            values.update(span_mode="clean_step", invalid_coef=0.01, lam_mix=0.1)
-        else:
-            values.update(span_mode="clean_step", invalid_coef=0.1)
-        if family == "webshop":
-            values["score_coef"] = 1.0
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(family_defaults or {}) - known
+        if unknown:
+            raise ValueError(f"family defaults name unknown CreditConfig fields: {sorted(unknown)}")
+        values: dict[str, Any] = {"method": method, "span_mode": "clean_step"}
+        values.update(family_defaults or {})
         if method in ("agentopsd", "rlsd"):
             values["span_mode"] = "clean_step"
         if method == "agentopsd":

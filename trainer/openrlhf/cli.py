@@ -24,7 +24,6 @@ examples:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from agentgym_opsd.cli import CliError
-
     from trainer.openrlhf.config import BridgeConfig, load_sections, merge_sections
 
     flags = list(args.openrlhf_flags or [])
@@ -98,7 +97,6 @@ def add_train_parser(subparsers) -> None:
 
 def _cmd_prompts(args: argparse.Namespace) -> int:
     from agentgym_opsd.cli import CliError, parse_options
-
     from trainer.openrlhf.dataset import parse_seeds, write_prompt_dataset
 
     try:

@@ -162,12 +162,12 @@ class BridgeConfig:
         env, which must then be of one family (their defaults differ: span mode, invalid penalty)."""
         if self.credit.get("env"):
             return str(self.credit["env"])
-        from trainer.credit import env_family
+        from agentgym_opsd.registry import entry
 
         ids = sorted(set(env_ids))
         if not ids:
             raise ConfigError("no episodes in the batch")
-        families = {env_family(i) for i in ids}
+        families = {entry(i).family for i in ids}
         if len(families) > 1:
             raise ConfigError(
                 f"the prompt dataset mixes env families {sorted(families)} ({', '.join(ids)}); set credit.env to the "
@@ -213,14 +213,15 @@ def merge_sections(base: dict[str, Any], override: dict[str, Any]) -> dict[str, 
 
 
 def resolve_credit_config(section: dict[str, Any], env_id: str):
-    """`CreditConfig.for_env(env, method, preset=..., **fields)` from the bridge's `credit` section.
+    """`trainer.env_knowledge.credit_config(env, method, preset=..., **fields)` from the bridge's `credit` section.
 
     `env` in the section (else `env_id`, the env being trained on) picks the family defaults (span
     mode, invalid penalty, mixing strength, WebShop's graded score). The teacher is the live policy:
     the bridge scores it on OpenRLHF's actor group right after the student forward, which holds the
     rollout (old) policy; a `stale` snapshot would need a second model group, so it is refused.
     """
-    from trainer.credit import CreditConfig
+    from agentgym_opsd.registry import UnknownEnvError
+    from trainer.env_knowledge import credit_config
 
     fields = dict(section or {})
     method = fields.pop("method", "grpo")
@@ -233,7 +234,9 @@ def resolve_credit_config(section: dict[str, Any], env_id: str):
         )
     fields["teacher_mode"] = "live"
     try:
-        return CreditConfig.for_env(str(env), str(method), preset=str(preset), **fields)
+        return credit_config(str(env), str(method), preset=str(preset), **fields)
+    except UnknownEnvError as e:
+        raise ConfigError(f"credit: {e}") from None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"credit: {e}") from None
 

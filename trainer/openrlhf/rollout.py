@@ -38,8 +38,8 @@ import agentgym_opsd
 from agentgym_opsd.context import ContextPolicy
 from agentgym_opsd.core import Hindsight, StepInfo
 from agentgym_opsd.episode import Episode, Turn
-from trainer.openrlhf.config import BridgeConfig, TaskLabel
 from trainer.chat import ChatFraming, framing_for, token_range
+from trainer.openrlhf.config import BridgeConfig, TaskLabel
 
 __all__ = ["EnvEpisodeRunner", "PromptTooLong"]
 
@@ -97,9 +97,8 @@ class EnvEpisodeRunner:
         self._threads = ThreadPoolExecutor(max_workers=int(self.settings.env_threads), thread_name_prefix="agentgym-env")
 
     def framing(self, tokenizer: Any) -> ChatFraming:
-        """The policy's chat framing. OpenRLHF hands every call a freshly unpickled tokenizer, so the
-        cache is keyed by what the tokenizer is (`trainer.chat.tokenizer_identity`), not by the object:
-        one entry per distinct tokenizer, however many calls."""
+        """The policy's chat framing. OpenRLHF hands every call a freshly unpickled tokenizer: the
+        template is read once per distinct chat template and no tokenizer is kept (`framing_for`)."""
         return framing_for(tokenizer, **self.settings.chat_template_kwargs)
 
     async def _env_call(self, fn, *args, **kwargs):

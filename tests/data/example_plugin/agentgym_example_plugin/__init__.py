@@ -61,6 +61,18 @@ class GuessNumberEnv(TextEnv):
         return self.format_action(f"guess {(self.lo + self.hi) // 2}")
 
 
+# What a trainer reads about this family (optional): credit defaults and AgentOPSD's skill notes.
+CREDIT_DEFAULTS = {"span_mode": "action_only", "invalid_coef": 0.05, "lam_mix": 0.3}
+SKILL_NOTE = (
+    "Binary search: guess the middle of the range that is still possible, then halve it with each "
+    "answer (higher: the lower bound rises past your guess; lower: the upper bound falls below it)."
+)
+
+
+def skill_notes(task_type):
+    return SKILL_NOTE if task_type == "guess" else None
+
+
 def register():
     register_env(
         "example/GuessNumber-v0",
@@ -70,4 +82,6 @@ def register():
         splits=("test",),
         description="guess a hidden number (plug-in example)",
         sizes=lambda split: 20,
+        credit_defaults=CREDIT_DEFAULTS,
+        skill_notes=skill_notes,
     )
