@@ -441,27 +441,33 @@ class LocalTrainer:
             self._credit = self.config.credit_config()
         return self._credit
 
-    def advantages(self, episodes, rows, old_logp) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
+    def teacher_scores(self, episodes, rows, *, strategy: str = "auto"):
+        """The teacher's log-probs with privileged context (`trainer.teacher.score_teacher`), or None
+        for GRPO and GiGPO."""
+        if not self.credit.needs_teacher:
+            return None
+        from trainer.teacher import score_teacher
+
+        return score_teacher(self.teacher(), self.tokenizer, list(episodes), rows, self.credit, strategy=strategy,
+                             micro_batch_tokens=self.config.micro_batch_tokens, temperature=self._train_temperature())
+
+    def advantages(self, episodes, rows, old_logp, scores=None) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
         """Per-token advantages from the credit core (`compute_advantages`), its diagnostics, and
-        extra metrics (teacher scoring)."""
+        extra metrics (the teacher's cost). `scores`: the teacher's, when already computed."""
         from trainer.credit import compute_advantages
 
-        credit = self.credit
         extra: dict[str, Any] = {}
-        teacher: dict[str, Any] = {}
-        if credit.needs_teacher:
-            from trainer.teacher import score_teacher
-
+        if scores is None and self.credit.needs_teacher:
             t0 = time.perf_counter()
-            scores = score_teacher(self.teacher(), self.tokenizer, list(episodes), rows, credit,
-                                   micro_batch_tokens=self.config.micro_batch_tokens,
-                                   temperature=self._train_temperature())
+            scores = self.teacher_scores(episodes, rows)
+            extra["time/teacher_s"] = time.perf_counter() - t0
+        teacher: dict[str, Any] = {}
+        if scores is not None:
             teacher = {"teacher_logprobs": scores.logprobs, "teacher_scored": scores.scored,
                        "teacher_truncated": scores.truncated}
             extra.update(scores.stats())
-            extra["time/teacher_s"] = time.perf_counter() - t0
         batch = rows.credit_batch(student_logprobs=old_logp, **teacher)
-        advantages, diagnostics = compute_advantages(batch, credit, self.step)
+        advantages, diagnostics = compute_advantages(batch, self.credit, self.step)
         return advantages, diagnostics, extra
 
     def learning_rate(self, update: int) -> float:

@@ -100,11 +100,12 @@ def peer_episodes(episodes: Sequence[Episode], rows: TokenRows | None = None) ->
     return out
 
 
-def _peer_trajectory(peer: Episode, max_chars: int) -> tuple[str, bool]:
+def _peer_trajectory(peer: Episode, max_chars: int, form: str = "actions") -> tuple[str, bool]:
     lines = []
     for k, turn in enumerate(peer.turns, start=1):
         lines.append(f"step {k}: {turn.action if turn.action is not None else '(invalid turn)'}")
-        lines.append(f"observation: {turn.observation}")
+        if form == "actions_observations":
+            lines.append(f"observation: {turn.observation}")
     text = "\n".join(lines)
     if len(text) > max_chars:
         cut = len(text) - max_chars
@@ -119,7 +120,7 @@ def hindsight_block(
     lines = ["<hindsight>", f"final_correctness: {'correct' if episode.success else 'incorrect'}"]
     cut = False
     if with_peer and config.hindsight_peer and peer is not None:
-        text, cut = _peer_trajectory(peer, config.peer_max_chars)
+        text, cut = _peer_trajectory(peer, config.peer_max_chars, config.peer_format)
         lines.append(f"peer_correct_trajectory: <peer_correct_trajectory>\n{text}\n</peer_correct_trajectory>")
     if config.hindsight_reference and episode.hindsight is not None and episode.hindsight.reference.strip():
         lines.append(f"reference: {episode.hindsight.reference.strip()}")
@@ -261,10 +262,15 @@ def _turn_spans(rows: TokenRows, r: int) -> list[tuple[int, torch.Tensor]]:
     return out
 
 
-def _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, counters):
+Insert = tuple[int, list[int], torch.Tensor]  # (s_k: the span's first row position, block ids, span row positions)
+
+
+def _stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) -> dict[int, list[Insert]]:
+    """For every row, the turns whose teacher context fits: where the hindsight block goes (s_k), the
+    block (without the peer trajectory when only that fits), and the span's row positions."""
     peers = peer_episodes(episodes, rows) if config.hindsight_peer else {}
     blocks: dict[int, tuple[list[int], list[int] | None]] = {}  # episode -> (full block, block without peer)
-    seqs = []
+    out: dict[int, list[Insert]] = {}
     for r in range(rows.num_rows):
         i = int(rows.row_episode[r])
         episode = episodes[i]
@@ -275,8 +281,7 @@ def _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, 
             short = _encode(tokenizer, hindsight_block(episode, None, config)[0]) if peer is not None else None
             blocks[i] = (_encode(tokenizer, text), short)
         full_block, short_block = blocks[i]
-        row_ids = rows.input_ids[r]
-        inserts = []  # (s_k, block ids, span positions)
+        inserts = []
         for _, pos in _turn_spans(rows, r):
             s, e = int(pos[0]), int(pos[-1])
             block = full_block
@@ -289,6 +294,15 @@ def _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, 
                     counters["truncated_tokens"] += int(pos.numel())
                     continue
             inserts.append((s, block, pos))
+        if inserts:
+            out[r] = inserts
+    return out
+
+
+def _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, counters):
+    seqs = []
+    for r, inserts in _stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters).items():
+        row_ids = rows.input_ids[r]
         # Group insertion points into packs that fit (one pack per insertion without packing).
         packs: list[list[tuple[int, list[int], torch.Tensor]]] = []
         for ins in inserts:
@@ -348,6 +362,16 @@ def _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, 
     return seqs
 
 
+def _check_rows(episodes, rows: TokenRows, config: CreditConfig) -> None:
+    if len(episodes) != int(rows.episode_group.numel()):
+        raise ValueError(f"{len(episodes)} episodes given, the rows were built from {int(rows.episode_group.numel())}")
+    if rows.span_mode != config.span_mode:
+        raise ValueError(
+            f"rows were built with span_mode={rows.span_mode!r}, the config says {config.span_mode!r}: "
+            "build them with span_mode=config.span_mode"
+        )
+
+
 def build_teacher_sequences(
     tokenizer,
     episodes: Sequence[Episode],
@@ -358,13 +382,7 @@ def build_teacher_sequences(
     packing: bool = True,
 ) -> tuple[list[TeacherSequence], dict[str, int]]:
     """The teacher's inputs for `rows` (no model needed): sequences and truncation counters."""
-    if len(episodes) != int(rows.episode_group.numel()):
-        raise ValueError(f"{len(episodes)} episodes given, the rows were built from {int(rows.episode_group.numel())}")
-    if rows.span_mode != config.span_mode:
-        raise ValueError(
-            f"rows were built with span_mode={rows.span_mode!r}, the config says {config.span_mode!r}: "
-            "build them with span_mode=config.span_mode"
-        )
+    _check_rows(episodes, rows, config)
     counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
     rows = rows.to("cpu")  # sequences are assembled on the CPU and moved per micro-batch
     if config.method == "agentopsd":
@@ -484,6 +502,98 @@ def _max_length(model, config: CreditConfig, max_length: int | None) -> int:
     return int(getattr(model.config, "max_position_embeddings", 32768) or 32768)
 
 
+STRATEGIES = ("prefix", "packed", "per-turn")
+
+
+@torch.no_grad()
+def score_inserts_with_prefix_cache(
+    model,
+    rows: TokenRows,
+    inserts: dict[int, list[Insert]],
+    *,
+    micro_batch_tokens: int = 16384,
+    temperature: float = 1.0,
+    progress: bool | str = False,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+    """StepOPSD's teacher with each row's prefix computed once.
+
+    For a micro-batch of rows, the teacher runs the rows' prefixes (up to their last insertion
+    point) once, keeping keys and values. Then, per row, the segments of all its turns (block + span)
+    run as one batch on that cache: segment k sees the prefix keys at positions < s_k (a 2-D mask
+    over the cache) and itself causally, with position ids continuing from s_k. That is the same
+    computation as the sequence prefix + block + span, with the prefix run once instead of once per
+    turn, and without a packed sequence's quadratic mask.
+
+    Returns (logprobs [R, T], scored [R, T], counters: forwards, tokens).
+    """
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    decoder, head = _model_io(model)
+    logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
+    scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
+    counters = {"forwards": 0, "tokens": 0, "sequences": 0}
+    prefix_len = {r: max(s for s, _, _ in ins) for r, ins in inserts.items()}
+    order = sorted(inserts, key=lambda r: -prefix_len[r])
+    batches: list[list[int]] = []
+    for r in order:  # rows of similar prefix length together, within the token budget
+        if batches and (len(batches[-1]) + 1) * prefix_len[batches[-1][0]] <= micro_batch_tokens:
+            batches[-1].append(r)
+        else:
+            batches.append([r])
+    label = progress if isinstance(progress, str) else "teacher"
+    for batch in tqdm(batches, desc=label, unit="batch", disable=not progress, leave=False):
+        P = max(prefix_len[r] for r in batch)
+        ids = torch.full((len(batch), P), int(rows.pad_token_id), dtype=torch.long)
+        valid = torch.zeros((len(batch), P), dtype=torch.long)
+        for b, r in enumerate(batch):
+            ids[b, : prefix_len[r]] = rows.input_ids[r, : prefix_len[r]]
+            valid[b, : prefix_len[r]] = 1
+        runner = decoder if decoder is not None else model
+        out = runner(input_ids=ids.to(device), attention_mask=valid.to(device), use_cache=True)
+        counters["forwards"] += 1
+        counters["tokens"] += int(valid.sum())
+        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        for b, r in enumerate(batch):
+            segments = inserts[r]
+            n, Pr = len(segments), prefix_len[r]
+            S = max(len(block) + int(pos[-1]) - s + 1 for s, block, pos in segments)
+            seg_ids = torch.full((n, S), int(rows.pad_token_id), dtype=torch.long)
+            mask = torch.zeros((n, Pr + S), dtype=torch.long)
+            positions = torch.zeros((n, S), dtype=torch.long)
+            for j, (s, block, pos) in enumerate(segments):
+                e = int(pos[-1])
+                copy = torch.cat([torch.tensor(block, dtype=torch.long), rows.input_ids[r, s : e + 1]])
+                m = copy.numel()
+                seg_ids[j, :m] = copy
+                mask[j, :s] = 1                     # the row's prefix before this turn's span
+                mask[j, Pr : Pr + m] = 1            # the segment itself (causally)
+                positions[j] = torch.arange(s, s + S)
+            cache = DynamicCache(
+                ddp_cache_data=[(k[b : b + 1, :, :Pr].expand(n, -1, -1, -1).contiguous(),
+                                 v[b : b + 1, :, :Pr].expand(n, -1, -1, -1).contiguous()) for k, v in layers],
+                config=model.config,
+            )
+            inputs = dict(input_ids=seg_ids.to(device), attention_mask=mask.to(device),
+                          position_ids=positions.to(device), past_key_values=cache, use_cache=True)
+            if decoder is not None:
+                hidden = decoder(**inputs).last_hidden_state
+            else:
+                hidden = None
+                logits_all = model(**inputs).logits
+            counters["forwards"] += 1
+            counters["sequences"] += n
+            counters["tokens"] += int(mask[:, Pr:].sum())
+            for j, (s, block, pos) in enumerate(segments):
+                predict = (len(block) + (pos - s) - 1).to(device)  # segment position that predicts span position p
+                targets = rows.input_ids[r, pos].to(device)
+                logits = head(hidden[j, predict]) if hidden is not None else logits_all[j, predict]
+                lp = torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, targets[:, None]).squeeze(1)
+                logprobs[r, pos] = lp.cpu()
+                scored[r, pos] = True
+    return logprobs, scored, counters
+
+
 def score_teacher(
     model,
     tokenizer,
@@ -492,7 +602,7 @@ def score_teacher(
     config: CreditConfig,
     *,
     max_length: int | None = None,
-    packing: bool | str = "auto",
+    strategy: str = "auto",
     micro_batch_tokens: int = 16384,
     temperature: float = 1.0,
     progress: bool | str = False,
@@ -507,9 +617,11 @@ def score_teacher(
         config: `method` picks the context (StepOPSD and RLSD: hindsight block; AgentOPSD: skill note).
         max_length: longest teacher sequence (default: config.teacher_max_length, else the model's
             max_position_embeddings).
-        packing: StepOPSD only: True packs a row's insertion points into one forward, False gives one
-            sequence per turn, "auto" packs unless the attention implementation cannot take
-            custom masks (flash attention).
+        strategy: StepOPSD and RLSD only, how a row's turns are scored (the same log-probs each way):
+            `prefix` (the row's prefix once, its keys and values reused by every turn's block and
+            span), `packed` (the row's turns in one sequence with a block-causal 4-D mask), `per-turn`
+            (one sequence per turn); `auto` is `prefix`. AgentOPSD's teacher is one sequence per row
+            whatever the strategy (the skill note goes before the whole conversation).
         micro_batch_tokens: padded tokens per forward.
         temperature: the rollout's sampling temperature (the student's log-probs use it too).
 
@@ -517,35 +629,44 @@ def score_teacher(
         TeacherScores: `.logprobs` [R, T] and `.scored` [R, T] for `rows.credit_batch(...)`, and the
         cost and truncation counters (`.stats()`).
     """
+    strategy = "prefix" if strategy == "auto" else strategy
+    if strategy not in STRATEGIES:
+        raise ValueError(f"teacher strategy {strategy!r}: use auto, {', '.join(STRATEGIES)}")
+    if strategy == "packed" and _attention_implementation(model) not in ("eager", "sdpa"):
+        raise ValueError(f"the packed strategy needs custom attention masks; {_attention_implementation(model)} has none")
     limit = _max_length(model, config, max_length)
-    if packing == "auto":
-        packing = _attention_implementation(model) in ("eager", "sdpa")
-    elif packing and _attention_implementation(model) not in ("eager", "sdpa"):
-        raise ValueError(f"packing needs custom attention masks; {_attention_implementation(model)} has none")
     was_training = model.training
     model.eval()
     try:
-        sequences, counters = build_teacher_sequences(
-            tokenizer, episodes, rows, config, max_length=limit, packing=bool(packing)
-        )
-        scores, forwards = score_sequences(
-            model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
-            temperature=temperature, progress=progress,
-        )
+        if config.method in ("stepopsd", "rlsd") and strategy == "prefix":
+            counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
+            _check_rows(episodes, rows, config)
+            inserts = _stepopsd_inserts(tokenizer, episodes, rows.to("cpu"), config, limit, counters)
+            logprobs, scored, cost = score_inserts_with_prefix_cache(
+                model, rows.to("cpu"), inserts, micro_batch_tokens=micro_batch_tokens, temperature=temperature,
+                progress=progress,
+            )
+        else:
+            sequences, counters = build_teacher_sequences(
+                tokenizer, episodes, rows, config, max_length=limit, packing=strategy == "packed"
+            )
+            scores, forwards = score_sequences(
+                model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
+                temperature=temperature, progress=progress,
+            )
+            logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
+            scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
+            for seq, lp in zip(sequences, scores, strict=True):
+                logprobs[seq.row, seq.row_pos] = lp
+                scored[seq.row, seq.row_pos] = True
+            cost = {"forwards": forwards, "sequences": len(sequences), "tokens": sum(s.length for s in sequences)}
     finally:
         model.train(was_training)
-    logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
-    scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
-    for seq, lp in zip(sequences, scores, strict=True):
-        logprobs[seq.row, seq.row_pos] = lp
-        scored[seq.row, seq.row_pos] = True
     result = TeacherScores(
         logprobs=logprobs.to(rows.input_ids.device),
         scored=scored.to(rows.input_ids.device),
-        forwards=forwards,
-        sequences=len(sequences),
-        tokens=sum(s.length for s in sequences),
-        extra={"packing": bool(packing), "max_length": limit},
+        **cost,
+        extra={"strategy": strategy, "max_length": limit},
         **counters,
     )
     if counters["truncated"] or counters["peer_dropped"]:

@@ -17,7 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.credit.config import METHODS  # no torch: the credit package loads its tensor code lazily
+from trainer.credit.config import (
+    METHODS,  # no torch: the credit package loads its tensor code lazily
+)
 
 __all__ = ["add_parser", "config_from_args"]
 

@@ -139,8 +139,11 @@ def test_hindsight_block_contents():
     text, cut = hindsight_block(episodes[1], episodes[0], config)
     assert not cut
     assert text.startswith("<hindsight>\nfinal_correctness: incorrect\npeer_correct_trajectory: <peer_correct_trajectory>\n")
-    assert "step 1: go to fridge 1\nobservation: Observation 1." in text
+    assert "step 1: go to fridge 1\nstep 2: take egg 1 from fridge 1\n" in text  # the peer's actions (default)
+    assert "observation:" not in text
     assert "step 4: (invalid turn)" in text  # the winner's last turn had no action
+    with_obs, _ = hindsight_block(episodes[1], episodes[0], config.replace(peer_format="actions_observations"))
+    assert "step 1: go to fridge 1\nobservation: Observation 1." in with_obs and len(with_obs) > len(text)
     assert text.endswith(f"reference: {episodes[1].hindsight.reference}\n</hindsight>\n")
     text, _ = hindsight_block(episodes[0], None, config)
     assert text == f"<hindsight>\nfinal_correctness: correct\nreference: {episodes[0].hindsight.reference}\n</hindsight>\n"
@@ -221,23 +224,49 @@ def test_row_logprobs_match_a_plain_forward(qwen3, tiny):
         assert bool((lp[r, :L][~gen] == 0).all())
 
 
-def test_stepopsd_packed_scoring_equals_separate_forwards_and_a_plain_forward(qwen3, tiny):
-    episodes = group()
-    config = credit_config(ALFWORLD, "stepopsd")
+@pytest.mark.parametrize("context", ["full", "window:2"])
+@pytest.mark.parametrize("peer", [True, False])
+def test_stepopsd_strategies_give_the_per_turn_log_probs(qwen3, tiny, context, peer):
+    """The prefix-cache and the packed teacher give, to 1e-5, what one sequence per turn (the student's
+    prefix, the hindsight block, the span) gives, in float32, with and without the peer block."""
+    episodes = group() if context == "full" else [
+        make_episode(UNICODE_RESPONSES, success=i == 0, episode_id=f"w{i}", group="W", context=context) for i in range(3)]
+    config = credit_config(ALFWORLD, "stepopsd", hindsight_peer=peer)
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
-    packed = score_teacher(tiny, qwen3, episodes, rows, config, packing=True)
-    single = score_teacher(tiny, qwen3, episodes, rows, config, packing=False)
-    assert packed.sequences == rows.num_rows  # every insertion point of a row in one sequence
+    single = score_teacher(tiny, qwen3, episodes, rows, config, strategy="per-turn")
     n_turns = sum(1 for e in episodes for t in e.turns if t.step.action_span is not None)
-    assert single.sequences == n_turns > packed.sequences  # one per insertion point
-    assert packed.tokens < single.tokens
-    assert torch.equal(packed.scored, rows.span & (torch.arange(rows.span.shape[1]) >= 1))
-    torch.testing.assert_close(packed.logprobs, single.logprobs, atol=2e-5, rtol=1e-5)
+    assert single.sequences == n_turns
+    assert torch.equal(single.scored, rows.span & (torch.arange(rows.span.shape[1]) >= 1))
+    for strategy in ("prefix", "packed"):
+        scores = score_teacher(tiny, qwen3, episodes, rows, config, strategy=strategy, micro_batch_tokens=700)
+        assert torch.equal(scores.scored, single.scored)
+        torch.testing.assert_close(scores.logprobs, single.logprobs, atol=1e-5, rtol=1e-5)
+        if context == "full":
+            assert scores.tokens < single.tokens  # the prefix is not run once per turn
+        else:
+            assert scores.tokens == single.tokens  # one turn per row: nothing to share
     # An independent check of one turn: full logits of prefix + block + span through the plain model.
     seqs, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=4096, packing=False)
     seq = seqs[1]
     ref = reference_logprobs(tiny, seq.ids.tolist())
     torch.testing.assert_close(single.logprobs[seq.row, seq.row_pos], ref[seq.target], atol=2e-5, rtol=1e-5)
+
+
+def test_stepopsd_strategies_agree_at_the_length_limit(qwen3, tiny):
+    """Turns whose context does not fit are dropped (or lose the peer block) the same way whatever the
+    strategy, and the scored ones have the same log-probs."""
+    episodes = group()
+    config = credit_config(ALFWORLD, "stepopsd")
+    rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
+    seqs, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=100_000, packing=False)
+    limit = sorted(s.length for s in seqs)[len(seqs) // 2]
+    single = score_teacher(tiny, qwen3, episodes, rows, config, strategy="per-turn", max_length=limit)
+    prefix = score_teacher(tiny, qwen3, episodes, rows, config, strategy="prefix", max_length=limit)
+    assert single.truncated > 0 and (prefix.truncated, prefix.peer_dropped) == (single.truncated, single.peer_dropped)
+    assert torch.equal(prefix.scored, single.scored)
+    torch.testing.assert_close(prefix.logprobs, single.logprobs, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="teacher strategy"):
+        score_teacher(tiny, qwen3, episodes, rows, config, strategy="fastest")
 
 
 def test_agentopsd_scoring_equals_a_plain_forward(qwen3, tiny):
@@ -285,10 +314,10 @@ def test_stepopsd_drops_the_peer_first_then_counts_unscored_turns(qwen3, tiny):
         - len(qwen3(hindsight_block(short, None, config)[0])["input_ids"])
     )
     limit = need_without  # fits only without the peer trajectory
-    scores = score_teacher(tiny, qwen3, episodes, rows, config, max_length=limit, packing=False)
+    scores = score_teacher(tiny, qwen3, episodes, rows, config, max_length=limit, strategy="per-turn")
     assert scores.peer_dropped >= 1
     tiny_limit = 40  # nothing fits: every turn unscored and counted
-    scores = score_teacher(tiny, qwen3, episodes, rows, config, max_length=tiny_limit, packing=False)
+    scores = score_teacher(tiny, qwen3, episodes, rows, config, max_length=tiny_limit)
     assert scores.truncated == sum(1 for e in episodes for t in e.turns if t.step.action_span is not None)
     assert not bool(scores.scored.any())
     batch = rows.credit_batch(row_logprobs(tiny, rows), scores.logprobs, scores.scored, scores.truncated)

@@ -18,6 +18,7 @@ __all__ = ["CreditConfig", "METHODS", "SPAN_MODES", "RELEASE_PRESET"]
 METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd", "rlsd")
 SPAN_MODES = ("action_only", "clean_step")
 PRIORS = ("success", "release_reward")
+PEER_FORMATS = ("actions", "actions_observations")
 
 # AgentOPSD `release` preset (spec section 2): reproduces the public code.
 RELEASE_PRESET: dict[str, Any] = {"belief_gamma": 1.0, "eps0": 1e-4, "prior": "release_reward"}
@@ -62,6 +63,9 @@ class CreditConfig:
         teacher_refresh: updates between snapshot refreshes.
         hindsight_peer: add the first successful peer's trajectory to failed episodes of mixed groups.
         hindsight_reference: add the env's hindsight reference (expert plan, gold answer, target).
+        peer_format: how the peer trajectory is written: `actions` (its actions, one line per step:
+            what the successful episode did) or `actions_observations` (each action and the env's
+            answer; several times longer, and the teacher scores every turn's span after it).
         peer_max_chars: the peer trajectory's text is cut at this many characters (with a visible
             "[... N characters cut]" marker; counted in the teacher's stats).
 
@@ -104,6 +108,7 @@ class CreditConfig:
     teacher_refresh: int = 10
     hindsight_peer: bool = True
     hindsight_reference: bool = True
+    peer_format: str = "actions"
     peer_max_chars: int = 4000
     # -- AgentOPSD
     lam: float = 0.5
@@ -165,6 +170,8 @@ class CreditConfig:
             bad("teacher_refresh", "must be >= 1")
         if self.peer_max_chars < 0:
             bad("peer_max_chars", "must be >= 0")
+        if self.peer_format not in PEER_FORMATS:
+            bad("peer_format", f"use one of {', '.join(PEER_FORMATS)}")
         if self.teacher_max_length is not None and self.teacher_max_length < 2:
             bad("teacher_max_length", "must be >= 2 or None")
 

@@ -10,7 +10,14 @@ average out. On the actor group both terms come from one engine, so delta is zer
 privileged context changes nothing. It also keeps the vLLM engines free for rollouts.
 
 A teacher row is a token sequence that holds the SAME generated tokens as the student row, with
-privileged text spliced in before them, and the positions of the tokens to score in it. The
+privileged text spliced in before them, and the positions of the tokens to score in it.
+
+Cost. OpenRLHF's `Actor.forward` takes padded rows (or unpads them itself with
+--ds.packing_samples), never a custom attention mask or a reused key/value cache, so StepOPSD's
+teacher here is one sequence per turn (the student's prefix, the block, the span): about
+sum_k (s_k + |block| + |span_k|) tokens, where the local trainer's prefix-cache scorer runs the
+prefix once (`trainer.teacher.score_inserts_with_prefix_cache`). The rows are sorted by length
+into micro-batches, so padding costs little. AgentOPSD's teacher is one sequence per episode either way. The
 sequences themselves are the credit core's (`trainer.teacher.build_teacher_sequences`); this module
 only runs them (see `trainer.openrlhf.credit_rows.teacher_logprobs`).
 """
@@ -68,7 +75,10 @@ def score_rows(actor_group, rows: Sequence[TeacherRow], micro_batch_size: int, p
     get = get or ray.get
     if not rows:
         return []
-    batches = [list(rows[i : i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
+    # Longest first, so a micro-batch holds rows of about one length: little padding (and with
+    # --ds.packing_samples OpenRLHF's forward drops what there is). Results go back in the rows' order.
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].sequence))
+    batches = [[rows[i] for i in order[j : j + micro_batch_size]] for j in range(0, len(order), micro_batch_size)]
     n_real = len(batches)
     duplicate = int(getattr(actor_group, "duplicate_actors", 1) or 1)
     handlers = getattr(actor_group, "_actor_handlers", None)
@@ -83,10 +93,13 @@ def score_rows(actor_group, rows: Sequence[TeacherRow], micro_batch_size: int, p
         attention_mask=[p[1] for p in padded],
     )
     results = list(itertools.chain.from_iterable(get(refs)[::duplicate]))[:n_real]
-    out: list[torch.Tensor] = []
+    scored: list[torch.Tensor] = []
     for batch, log_probs in zip(batches[:n_real], results, strict=True):
         log_probs = log_probs.float()
         for i, r in enumerate(batch):
             index = torch.tensor([t - 1 for t in r.targets], dtype=torch.long)
-            out.append(log_probs[i, index] if len(index) else torch.zeros(0))
+            scored.append(log_probs[i, index] if len(index) else torch.zeros(0))
+    out: list[torch.Tensor] = [torch.zeros(0)] * len(rows)
+    for position, i in enumerate(order):
+        out[i] = scored[position]
     return out

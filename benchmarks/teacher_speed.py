@@ -1,0 +1,134 @@
+"""What does the teacher cost? The update step of each credit method on one batch, in one run.
+
+The batch has the learning benchmark's shapes (benchmarks/learning.py): ALFWorld Pick in small rooms,
+full-chat context, T tasks x G episodes of at most 12 turns, a tiny Qwen3 (hidden 128, 2 layers) on a
+1024-token BPE trained on the env's text. The episodes are the expert's with random detours (so
+groups mix successes and failures, and failed episodes get a peer trajectory in their hindsight
+block); the model's weights do not change what the steps cost.
+
+For each method, an update step is everything the local trainer does after the rollout: token rows,
+the old log-probs, the teacher's log-probs (StepOPSD: a stale snapshot with the hindsight block;
+AgentOPSD: the live policy with the skill note), the credit, and the clipped policy-gradient update
+(`--mini-batches` optimizer steps). The teacher is timed three ways side by side:
+
+    per-turn   one sequence per (row, turn): the student's prefix, the block, the span;
+    packed     each row's turns in one sequence with a block-causal 4-D mask (the previous default);
+    prefix     the row's prefix through the teacher once, its keys and values reused by every turn's
+               block and span (`trainer.teacher`'s default).
+
+Figures are process CPU seconds (torch on one thread), the minimum over `--repeats` rounds in which
+the methods take turns: other jobs on a shared machine change wall time, much less CPU time.
+
+    .venv/bin/python benchmarks/teacher_speed.py            # 8 x 8 episodes, 3 rounds
+    .venv/bin/python benchmarks/teacher_speed.py --quick    # 4 x 4 episodes, 2 rounds (< 4 minutes)
+
+The last line reads `stepopsd/grpo update X.XX, agentopsd/grpo update Y.YY` (the default teacher).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-turns", type=int, default=12)
+    ap.add_argument("--noise", type=float, default=0.4, help="the expert's detour rate (mixed outcomes)")
+    ap.add_argument("--mini-batches", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="4 tasks x 4 episodes, 2 rounds")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def cpu_seconds(fn):
+    t0 = time.process_time()
+    out = fn()
+    return time.process_time() - t0, out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.quick:
+        args.tasks, args.group_size, args.repeats = 4, 4, 2
+    import torch
+
+    torch.set_num_threads(1)
+    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+    from trainer.config import TrainConfig
+    from trainer.local import LocalTrainer
+    from trainer.warm_start import PerturbedExpert
+
+    work = Path(tempfile.mkdtemp(prefix="teacher-speed-"))
+    env_options = {"room": "small", "split": "train", "max_turns": args.max_turns,
+                   "panel_size": {"train": 200, "valid_seen": 300, "valid_unseen": 10}, "progress": False}
+    trainers = {}
+    for method in ("grpo", "stepopsd", "agentopsd"):
+        config = TrainConfig(env_id="agentgym/ALFWorld-Pick-v0", out=str(work / method), method=method, model="tiny",
+                             tokenizer="trained", vocab_size=1024, tiny_hidden=128, tiny_layers=2, env_options=env_options,
+                             sft_episodes=64, sft_epochs=1, steps=1, mini_batches=args.mini_batches, eval_episodes=0,
+                             save_every=0, max_new_tokens=24, seed=args.seed, device="cpu", cpu_threads=1)
+        run = LocalTrainer(config, progress=False)
+        run.start()
+        trainers[method] = run
+    base = trainers["grpo"]
+    for run in trainers.values():  # one policy for every method: same weights, same costs
+        run.model.load_state_dict(base.model.state_dict())
+        if run.teacher_model is not None:
+            run.teacher_model.load_state_dict(base.model.state_dict())
+    expert = PerturbedExpert(args.noise, seed=args.seed)
+    requests = [EpisodeRequest(seed=1000 + t, episode_id=f"t{t}-g{i}", group=f"t{t}")
+                for t in range(args.tasks) for i in range(args.group_size)]
+    episodes = run_episodes(base.make_env, expert, requests, num_envs=len(requests), context="full", progress=False)
+    successes = sum(e.success for e in episodes)
+    turns = sum(e.num_turns for e in episodes)
+
+    def update_step(method: str, teacher: str | None) -> dict[str, float]:
+        run = trainers[method]
+        snapshot = {k: v.clone() for k, v in run.model.state_dict().items()}
+        times: dict[str, float] = {}
+        times["rows"], rows = cpu_seconds(lambda: run.rows(episodes))
+        times["old_logprobs"], old = cpu_seconds(lambda: run.logprobs(run.model, rows))
+        scores = None
+        if teacher is not None:
+            times["teacher"], scores = cpu_seconds(lambda: run.teacher_scores(episodes, rows, strategy=teacher))
+        times["credit"], (advantages, _, _) = cpu_seconds(lambda: run.advantages(episodes, rows, old, scores))
+        times["update"], _ = cpu_seconds(lambda: run.update(rows, old, advantages, None))
+        run.model.load_state_dict(snapshot)  # every round starts from the same weights
+        times["total"] = sum(times.values())
+        return times
+
+    cases = [("grpo", None)] + [(m, s) for m in ("stepopsd", "agentopsd") for s in ("per-turn", "packed", "prefix")]
+    best: dict[tuple[str, str | None], dict[str, float]] = {}
+    for _ in range(args.repeats):
+        for case in cases:
+            times = update_step(*case)
+            if case not in best or times["total"] < best[case]["total"]:
+                best[case] = times
+    rows = base.rows(episodes)
+    print(f"batch: {len(episodes)} episodes ({args.tasks} tasks x {args.group_size}), {turns} turns, {successes} successes, "
+          f"{int(rows.attention_mask.sum())} tokens in {rows.num_rows} rows; tiny Qwen3 hidden 128 x 2; CPU seconds, "
+          f"1 thread, min of {args.repeats} rounds")
+    grpo = best[("grpo", None)]["total"]
+    header = f"{'method':<10} {'teacher':<9} {'rows':>6} {'old lp':>7} {'teacher':>8} {'credit':>7} {'update':>7} {'total':>7} {'x GRPO':>7}"
+    print(header)
+    for (method, teacher), t in best.items():
+        print(f"{method:<10} {teacher or '-':<9} {t['rows']:>6.2f} {t['old_logprobs']:>7.2f} {t.get('teacher', 0.0):>8.2f} "
+              f"{t['credit']:>7.2f} {t['update']:>7.2f} {t['total']:>7.2f} {t['total'] / grpo:>7.2f}")
+    step = best[("stepopsd", "prefix")]["total"] / grpo
+    agent = best[("agentopsd", "prefix")]["total"] / grpo
+    print(f"stepopsd/grpo update {step:.2f}, agentopsd/grpo update {agent:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
