@@ -38,7 +38,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     try:
         run_bench(config, out, restart=args.restart, progress=not args.quiet, report=not args.no_report)
     except ConfigError as e:
-        raise _cli_error(str(e)) from None
+        message = str(e)
+        raise _cli_error(message if message.startswith(str(out)) else f"{args.config}: {message}") from None
     print((out / "results.md").read_text(encoding="utf-8"))
     print(f"episodes: {out / 'episodes.jsonl'}")
     print(f"results:  {out / 'results.json'} (tables in {out / 'tables'}, charts in {out / 'plots'})")
@@ -62,7 +63,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                                        "from and may not leave (default: the config's folder)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_bench)
+    p.set_defaults(func=_cmd_bench, on_interrupt="run the same command to resume")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,4 +151,4 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="a smaller run (for a smoke test)")
-    p.set_defaults(func=_cmd_demo)
+    p.set_defaults(func=_cmd_demo, on_interrupt="run the same command to resume (finished training runs are kept)")
