@@ -35,8 +35,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise _cli_error("--workers must be >= 0")
         config = dataclasses.replace(config, workers=args.workers)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    from agentgym_opsd.cli import build_agent
+
+    if args.cpu_threads is not None and args.cpu_threads < 0:
+        raise _cli_error(f"--cpu-threads must be >= 0, got {args.cpu_threads}")
+
+    def make_agent(name: str, *, seed: int = 0):
+        return build_agent(name, seed=seed, cpu_threads=args.cpu_threads)
+
     try:
-        run_bench(config, out, restart=args.restart, progress=not args.quiet, report=not args.no_report)
+        run_bench(config, out, restart=args.restart, progress=not args.quiet, report=not args.no_report, make_agent=make_agent)
     except ConfigError as e:
         message = str(e)
         raise _cli_error(message if message.startswith(str(out)) else f"{args.config}: {message}") from None
@@ -62,6 +70,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", help="folder the config's data paths (data_file, catalog, index_dir, ...) are read "
                                        "from and may not leave (default: the config's folder)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
+    from agentgym_opsd.cli import CPU_THREADS_HELP
+
+    p.add_argument("--cpu-threads", type=int, metavar="N", help=CPU_THREADS_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_bench, on_interrupt="run the same command to resume")
 

@@ -34,7 +34,7 @@ from agentgym_opsd.registry import (
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
 
-__all__ = ["main", "CliError", "parse_options", "make_env_factory"]
+__all__ = ["main", "CliError", "parse_options", "make_env_factory", "build_agent"]
 
 # name -> "module:add_parser" for commands owned by other folders.
 COMMANDS: dict[str, str] = {
@@ -74,6 +74,24 @@ def parse_options(pairs: list[str] | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def build_agent(name: str, *, seed: int = 0, cpu_threads: int | None = None):
+    """`make_agent`, then `--cpu-threads` applied to a model-backed agent (None: the agent's own
+    choice, which for `hf:` is `cpu_threads=auto`)."""
+    if cpu_threads is not None and cpu_threads < 0:
+        raise CliError(f"--cpu-threads must be >= 0, got {cpu_threads}")
+    agent = make_agent(name, seed=seed)
+    model = getattr(agent, "model", None)
+    if cpu_threads is not None and model is not None and hasattr(model, "parameters"):
+        from agentgym_opsd.policy_agents import pin_cpu_threads
+
+        pin_cpu_threads(model, cpu_threads)
+    return agent
+
+
+CPU_THREADS_HELP = ("torch CPU threads for hf: agents (default: 1 for tiny models under 50M parameters, torch's "
+                    "own setting for larger ones; 0 leaves torch's setting)")
 
 
 def make_env_factory(env_id: str, options: dict[str, Any]):
@@ -188,7 +206,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise CliError("--episodes must be >= 1")
     options = parse_options(args.option)
     factory = make_env_factory(args.env_id, options)
-    agent = make_agent(args.agent, seed=args.seed)
+    agent = build_agent(args.agent, seed=args.seed, cpu_threads=args.cpu_threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "episodes.jsonl"
@@ -254,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-envs", type=int, default=8, help="episodes played at once")
     p.add_argument("--context", default="full", help="full or window:K")
     p.add_argument("--resume", action="store_true", help="keep finished episodes in OUT and play the rest")
+    p.add_argument("--cpu-threads", type=int, metavar="N", help=CPU_THREADS_HELP)
     p.set_defaults(func=_cmd_eval, on_interrupt="run the same command with --resume to keep the finished episodes")
 
     for name, target in COMMANDS.items():

@@ -2,7 +2,8 @@
 
 `HFPolicyAgent` samples the turns of all live episodes in one batched decoding loop: the chats are
 rendered with the tokenizer's chat template, left-padded, and decoded together with a KV cache until
-every row has written an end-of-turn token or the per-turn token cap. Sampling draws from the
+every row has written an end-of-turn token (or, with `stop_at_action_close`, its env's closing
+action tag) or reached its per-turn token cap (its own, else the env's `max_turn_tokens`). Sampling draws from the
 model's plain distribution (softmax of logits / temperature: no top-k, top-p or repetition penalty,
 so the log-probs a trainer recomputes are those of the sampling policy) with the agent's own seeded
 `torch.Generator`; temperature 0 is greedy.
@@ -23,13 +24,44 @@ from agentgym_opsd.context import Message
 from agentgym_opsd.core import TextEnv
 
 __all__ = [
+    "DEFAULT_TURN_TOKENS",
     "HFPolicyAgent",
     "make_hf_agent",
     "load_hf_policy",
     "resolve_device",
     "resolve_dtype",
     "end_of_turn_ids",
+    "pin_cpu_threads",
+    "TINY_MODEL_PARAMETERS",
 ]
+
+# The per-turn token cap for an env that does not name one (`TextEnv.max_turn_tokens`'s default).
+DEFAULT_TURN_TOKENS = 256
+
+# Below this many parameters a model's matrix products are so small that OpenMP synchronisation
+# dominates a CPU forward pass: one torch thread is faster (the trainer pins one for the same reason).
+TINY_MODEL_PARAMETERS = 50_000_000
+
+
+def pin_cpu_threads(model, threads: int | None = None) -> int:
+    """Set torch's CPU thread count for `model` when it runs on the CPU; returns the count in force.
+
+    Args:
+        threads: a count; 0 leaves torch's setting as it is; None (auto): 1 for a model under
+            `TINY_MODEL_PARAMETERS` (the trainer's tiny models: on a busy 2-core machine one thread
+            was 2-3x faster than torch's default), torch's setting otherwise.
+    """
+    import torch
+
+    if threads is not None and int(threads) < 0:
+        raise AgentError(f"cpu_threads must be >= 0, got {threads}")
+    if next(model.parameters()).device.type != "cpu":
+        return torch.get_num_threads()
+    if threads is None:
+        threads = 1 if sum(p.numel() for p in model.parameters()) < TINY_MODEL_PARAMETERS else 0
+    if int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    return torch.get_num_threads()
 
 
 def resolve_device(name: str = "auto"):
@@ -102,7 +134,8 @@ class HFPolicyAgent:
 
     Args:
         model, tokenizer: the policy (the tokenizer needs a chat template).
-        max_new_tokens: the per-turn token cap; a turn that reaches it ends there.
+        max_new_tokens: the per-turn token cap; a turn that reaches it ends there. None: each env's
+            own `max_turn_tokens` (256 for an env without one).
         temperature: sampling temperature; 0 is greedy.
         seed: seed of the agent's sampling generator.
         chat_template_kwargs: extra keywords for `apply_chat_template` (e.g. `enable_thinking`).
@@ -114,11 +147,15 @@ class HFPolicyAgent:
         reuse_prefix: keep each episode's keys and values from one turn to the next and compute only
             the new part of its prompt (a full-chat prompt extends the previous one). Off for models
             whose caches are not plain (sliding windows).
+        stop_at_action_close: also end a turn once it has written its env's closing action tag
+            (`</action>`, `</search>`, `</answer>`: the env's `action_tags`), since a turn holds one
+            action. Off by default: the trainer samples turns that end at the end-of-turn token.
 
-    `stats` counts prompts, prompt and generated tokens, turns cut at the cap and seconds spent.
+    `stats` counts prompts, prompt and generated tokens, turns cut at the cap, turns ended at the
+    action's closing tag and seconds spent.
     `samples[(episode_id, turn)]` holds, for every turn played through `act_batch`, the sampled token
-    ids, their log-probs and the finish reason (`"stop"`: end-of-turn token written, `"length"`: cut at
-    the cap); `annotate(episodes)` copies the reasons into `turn.info["finish_reason"]` and hands the
+    ids, their log-probs and the finish reason (`"stop"`: end-of-turn token or closing action tag
+    written, `"length"`: cut at the cap); `annotate(episodes)` copies the reasons into `turn.info["finish_reason"]` and hands the
     ids and log-probs over. `state_dict()` / `load_state_dict()` save and restore the sampling
     generator (exact resume).
     """
@@ -128,7 +165,7 @@ class HFPolicyAgent:
         model,
         tokenizer,
         *,
-        max_new_tokens: int = 128,
+        max_new_tokens: int | None = 128,
         temperature: float = 1.0,
         seed: int = 0,
         chat_template_kwargs: dict[str, Any] | None = None,
@@ -136,16 +173,18 @@ class HFPolicyAgent:
         name: str = "hf",
         render: Callable[[list[Message]], str] | None = None,
         reuse_prefix: bool = True,
+        stop_at_action_close: bool = False,
     ) -> None:
         import torch
 
-        if max_new_tokens < 1:
+        if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.model = model
         self.tokenizer = tokenizer
-        self.max_new_tokens = int(max_new_tokens)
+        self.max_new_tokens = None if max_new_tokens is None else int(max_new_tokens)
+        self.stop_at_action_close = bool(stop_at_action_close)
         self.temperature = float(temperature)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_batch = max_batch
@@ -171,6 +210,8 @@ class HFPolicyAgent:
     ) -> list[str]:
         prompts = [self.prompt_ids(m) for m in messages]
         keys = [getattr(info.get("step"), "episode_id", None) for info in infos]
+        limits = [self.turn_cap(env) for env in envs]
+        closers = [self.closing_tags(env) for env in envs]
         # Episodes not in this tick have ended: their cached prefixes go.
         live = set(keys)
         for key in [k for k in self._prefixes if k not in live]:
@@ -179,7 +220,8 @@ class HFPolicyAgent:
         sampled: list[tuple[list[int], list[float], bool]] = []
         step = self.max_batch or len(prompts) or 1
         for start in range(0, len(prompts), step):
-            for ids, lps, cut in self._sample(prompts[start : start + step], keys[start : start + step]):
+            window = slice(start, start + step)
+            for ids, lps, cut in self._sample(prompts[window], keys[window], limits[window], closers[window]):
                 out.append(self.tokenizer.decode(ids, skip_special_tokens=False))
                 sampled.append((ids, lps, cut))
         for info, (ids, lps, cut) in zip(infos, sampled, strict=True):
@@ -202,6 +244,21 @@ class HFPolicyAgent:
 
     # -- pieces -----------------------------------------------------------------------------
 
+    def turn_cap(self, env: Any = None) -> int:
+        """The token cap of a turn in `env`: the agent's own, else the env's `max_turn_tokens`."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        cap = getattr(env, "max_turn_tokens", None) if env is not None else None
+        return int(cap) if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else DEFAULT_TURN_TOKENS
+
+    def closing_tags(self, env: Any = None) -> tuple[str, ...]:
+        """The texts that end a turn in `env` besides the end-of-turn token (none unless
+        `stop_at_action_close`)."""
+        if not self.stop_at_action_close or env is None:
+            return ()
+        tags = getattr(env, "action_tags", None) or ()
+        return tuple(f"</{tag}>" for tag in tags if isinstance(tag, str) and tag)
+
     def render(self, messages: list[Message]) -> str:
         """The prompt text of a chat: the chat template with the generation prompt."""
         if self._render is not None:
@@ -219,7 +276,11 @@ class HFPolicyAgent:
         return [(ids, lps) for ids, lps, _ in self._sample(prompts)]
 
     def _sample(
-        self, prompts: Sequence[Sequence[int]], keys: Sequence[str | None] | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        keys: Sequence[str | None] | None = None,
+        limits: Sequence[int] | None = None,
+        closers: Sequence[tuple[str, ...]] | None = None,
     ) -> list[tuple[list[int], list[float], bool]]:
         import torch
 
@@ -230,19 +291,26 @@ class HFPolicyAgent:
         self.model.eval()
         try:
             with torch.no_grad():
-                result = self._decode(prompts, list(keys) if keys is not None else [None] * len(prompts))
+                result = self._decode(
+                    prompts,
+                    list(keys) if keys is not None else [None] * len(prompts),
+                    list(limits) if limits is not None else [self.turn_cap()] * len(prompts),
+                    list(closers) if closers is not None else [()] * len(prompts),
+                )
         finally:
             self.model.train(was_training)
         self.stats["calls"] += 1
         self.stats["prompts"] += len(prompts)
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
-        self.stats["new_tokens"] += sum(len(ids) + (0 if capped else 1) for ids, _, capped in result)
         self.stats["capped_turns"] += sum(1 for _, _, capped in result if capped)
         self.stats["seconds"] += time.perf_counter() - started
         return result
 
-    def _decode(self, prompts: Sequence[Sequence[int]], keys: list[str | None]) -> list[tuple[list[int], list[float], bool]]:
-        """One batched decoding loop with a KV cache.
+    def _decode(
+        self, prompts: Sequence[Sequence[int]], keys: list[str | None], limits: list[int], closers: list[tuple[str, ...]]
+    ) -> list[tuple[list[int], list[float], bool]]:
+        """One batched decoding loop with a KV cache. Row i stops at an end-of-turn token, at a text
+        of `closers[i]` (the token that completes it is kept), or after `limits[i]` tokens.
 
         Layout: row i is `[pad, reused prefix (n_i), pad, new prompt tokens, generated tokens]`, every
         row's next token in the same column. The reused prefix is the longest common prefix of the
@@ -274,9 +342,14 @@ class HFPolicyAgent:
         cache, logits = out.past_key_values, out.logits[:, -1].float()
         next_position = positions[:, -1] + 1
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        limit = torch.tensor(limits, device=self.device)
+        closed = [False] * batch  # ended at a closing action tag
+        tails = [""] * batch  # the end of each row's text so far, to spot a closing tag
+        watch = [i for i in range(batch) if closers[i]]
+        horizon = max(limits)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
-        for t in range(self.max_new_tokens):
+        for t in range(horizon):
             if self.temperature == 0:
                 logp = torch.log_softmax(logits, dim=-1)
                 token = logits.argmax(dim=-1)
@@ -285,8 +358,19 @@ class HFPolicyAgent:
                 token = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
             tokens.append(torch.where(done, torch.full_like(token, -1), token))
             logps.append(logp.gather(-1, token[:, None]).squeeze(-1))
+            was_done = done
             done = done | torch.isin(token, stop)
-            if bool(done.all()) or t + 1 == self.max_new_tokens:
+            if watch:
+                values, ended = token.tolist(), was_done.tolist()
+                for i in watch:
+                    if not ended[i] and values[i] not in self.stop_ids:
+                        tails[i] = (tails[i] + self.tokenizer.decode([values[i]], skip_special_tokens=False))[-64:]
+                        if any(c in tails[i] for c in closers[i]):
+                            closed[i] = True
+                if any(closed):
+                    done = done | torch.tensor(closed, device=self.device)
+            done = done | (t + 1 >= limit)
+            if bool(done.all()) or t + 1 == horizon:
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
             out = self._forward(token[:, None], mask, next_position[:, None], cache)
@@ -295,19 +379,22 @@ class HFPolicyAgent:
         table = torch.stack(tokens, dim=1).tolist()
         lp_table = torch.stack(logps, dim=1).tolist()
         result = []
-        for row, lps in zip(table, lp_table, strict=True):
+        for i, (row, lps) in enumerate(zip(table, lp_table, strict=True)):
             ids: list[int] = []
             values: list[float] = []
-            capped = True
+            capped = not closed[i]
             for token, lp in zip(row, lps, strict=True):
                 if token < 0:
                     break
                 if token in self.stop_ids:
                     capped = False
+                    self.stats["new_tokens"] += 1  # the end-of-turn token was generated too
                     break
                 ids.append(int(token))
                 values.append(float(lp))
+            self.stats["new_tokens"] += len(ids)
             result.append((ids, values, capped))
+        self.stats["closed_turns"] += sum(closed)
         self._keep_prefixes(prompts, keys, result, cache, mask)
         return result
 
@@ -379,7 +466,7 @@ class HFPolicyAgent:
     @staticmethod
     def _zero_stats() -> dict[str, float]:
         return {"calls": 0, "prompts": 0, "prompt_tokens": 0, "prefill_tokens": 0, "new_tokens": 0, "capped_turns": 0,
-                "seconds": 0.0}
+                "closed_turns": 0, "seconds": 0.0}
 
     def pop_stats(self) -> dict[str, float]:
         """The counters since the last call, reset to zero."""
@@ -394,21 +481,42 @@ class HFPolicyAgent:
 
 
 def make_hf_agent(spec: str, *, seed: int = 0) -> HFPolicyAgent:
-    """`hf:PATH` or `hf:PATH?temperature=0.7&max_new_tokens=256&device=cuda&dtype=bf16`."""
+    """`hf:PATH` or `hf:PATH?temperature=0.7&max_new_tokens=256&device=cuda&dtype=bf16&cpu_threads=4&stop=eot`.
+
+    Options:
+        temperature: sampling temperature (default 1; 0 is greedy).
+        max_new_tokens: the per-turn token cap. Default: the model's own (`max_new_tokens` in its
+            generation_config.json) where it sets one, else each env's `max_turn_tokens`.
+        device, dtype: `auto` (default), `cpu`, `cuda:N`; `float32`, `bf16`, ...
+        max_batch: at most this many prompts per decoding call.
+        cpu_threads: torch CPU threads (`pin_cpu_threads`): a count, 0 to leave torch's setting,
+            `auto` (default: 1 for a tiny model, torch's setting for others).
+        stop: `action` (default): a turn also ends at its env's closing action tag (`</action>`);
+            `eot`: only at the end-of-turn token or the cap, as the trainer's rollouts sample.
+    """
     path, _, query = spec.partition("?")
     options = dict(parse_qsl(query, keep_blank_values=True))
-    known = {"temperature", "max_new_tokens", "device", "dtype", "max_batch"}
+    known = {"temperature", "max_new_tokens", "device", "dtype", "max_batch", "cpu_threads", "stop"}
     unknown = set(options) - known
     if unknown:
         raise AgentError(f"hf:{spec}: unknown option(s) {sorted(unknown)}; use {sorted(known)}")
+    stop = options.get("stop", "action")
+    if stop not in ("action", "eot"):
+        raise AgentError(f"hf:{spec}: stop={stop!r}: use action (end a turn at the env's closing action tag) or eot")
     try:
         temperature = float(options.get("temperature", 1.0))
-        max_new_tokens = int(options.get("max_new_tokens", 256))
+        max_new_tokens = int(options["max_new_tokens"]) if "max_new_tokens" in options else None
         max_batch = int(options["max_batch"]) if "max_batch" in options else None
+        threads = options.get("cpu_threads", "auto")
+        cpu_threads = None if threads == "auto" else int(threads)
     except ValueError as e:
         raise AgentError(f"hf:{spec}: bad option value ({e})") from None
     model, tokenizer = load_hf_policy(path, device=options.get("device", "auto"), dtype=options.get("dtype", "auto"))
+    pin_cpu_threads(model, cpu_threads)
+    if max_new_tokens is None:
+        own = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
+        max_new_tokens = int(own) if isinstance(own, int) and own > 0 else None
     return HFPolicyAgent(
         model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, max_batch=max_batch,
-        name=f"hf:{Path(path).name}",
+        name=f"hf:{Path(path).name}", stop_at_action_close=stop == "action",
     )
