@@ -367,7 +367,7 @@ def render_report(data: RunData) -> str:
         sections.append(
             '<section id="results"><h2>Results</h2><p class="note">Success rate with its 95% Wilson interval '
             "(the bar: the interval, the mark: the rate); invalid % is the share of turns that were malformed "
-            "or not admissible. " + html.escape(COUNTING_NOTE) + "</p>" + _results_html(data.results) + _plots_html(data.plots) + "</section>"
+            "or not admissible. " + _inline_code(COUNTING_NOTE) + "</p>" + _results_html(data.results) + _plots_html(data.plots) + "</section>"
         )
         nav.append('<a href="#results">Results</a>')
     if data.training:
