@@ -63,7 +63,7 @@ class DemoSettings:
     tasks_per_step: int = 2
     group_size: int = 4
     max_new_tokens: int = 24
-    eval_episodes: int = 10
+    eval_episodes: int = 5  # the held-out panel: every valid_seen Pick game once (greedy: a replay adds nothing)
     vocab_size: int = 1024
     # The benchmark's envs run in this process, 8 at a time: their steps cost less than a worker's
     # round trip, and the policies then write 8 turns per decoding batch instead of one per worker
@@ -73,7 +73,7 @@ class DemoSettings:
     @classmethod
     def quick(cls) -> DemoSettings:
         return cls(panel_train=2, panel_eval=1, max_turns=8, searchqa_episodes=3, sft_episodes=8, sft_epochs=1, steps=1,
-                   tasks_per_step=1, group_size=2, max_new_tokens=12, eval_episodes=2, vocab_size=512)
+                   tasks_per_step=1, group_size=2, max_new_tokens=12, eval_episodes=1, vocab_size=512)
 
 
 class _Stages:
