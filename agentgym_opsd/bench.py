@@ -5,7 +5,7 @@ The config is TOML (`.toml`) or YAML (`.yaml`/`.yml`):
 
     agents = ["expert", "random"]      # random, expert, hf:PATH, openai:BASE_URL#MODEL, or
                                        # { name = "tiny", agent = "hf:runs/x/model" } to name one
-    seeds = [0, 1]                     # run seeds: each episode is played once per seed
+    seeds = [0, 1]                     # run seeds: each plays its own tasks (see below) with its own agent seed
     episodes = 20                      # episodes per env and split ("all": one per task)
     workers = 2                        # env worker processes (0: envs in this process)
     num_envs = 8                       # envs stepped together when workers = 0
@@ -26,8 +26,11 @@ else reads only what it was given.
 `envs` may also be a list of ids. `family` stands for the family's per-subset ids (an id whose subset
 is `all` is used only when the family has no other).
 
-Episode i of run seed s, on an env with n tasks, plays task i mod n with reset seed i + 1_000_000 s,
-by an agent built with seed s; its key is (agent, env id, split, i, s). Every finished episode is
+Episode i of run seed s, on an env with n tasks and N episodes, plays task (i + s N) mod n (see
+`task_index`) with reset seed i + 1_000_000 s, by an agent built with seed s; its key is (agent,
+env id, split, i, s). So run seeds play different tasks as long as seeds x N <= n (with
+`episodes = "all"` every seed plays every task). The 95% interval counts distinct outcomes: a
+task replayed with the same turns (a deterministic agent) is one outcome (`agentgym_opsd.summary`). Every finished episode is
 appended to `RUN_DIR/episodes.jsonl` at once; running the same config again on the same folder
 skips the keys already there (errored episodes are played again), so a broken run resumes where
 it stopped. Then the run folder gets:
@@ -54,11 +57,11 @@ from typing import Any
 
 from agentgym_opsd.episode import Episode, append_episodes, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from agentgym_opsd.registry import entry, registered_envs
-from agentgym_opsd.summary import summarize
+from agentgym_opsd.registry import EnvOptionError, check_env_options, entry, registered_envs
+from agentgym_opsd.summary import episodes_cell, summarize
 from agentgym_opsd.workers import EnvFactory
 
-__all__ = ["AgentSpec", "BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "subset_rows", "RESET_SEED_STRIDE"]
+__all__ = ["AgentSpec", "BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "task_index", "subset_rows", "RESET_SEED_STRIDE", "COUNTING_NOTE"]
 
 RESET_SEED_STRIDE = 1_000_000
 
@@ -233,6 +236,10 @@ def config_from_dict(data: dict[str, Any], where: str = "config", *, data_root: 
                 raise ConfigError(str(e)) from None
         count = _episodes(item.get("episodes", default_episodes), f"{here}: episodes")
         for env_id in ids:
+            try:
+                check_env_options(env_id, options)
+            except EnvOptionError as e:
+                raise ConfigError(f"{here}: options: {e}") from None
             known = entry(env_id).splits
             for split in splits or [known[0]]:
                 if split not in known:
@@ -290,6 +297,12 @@ def env_factory(spec: EnvSpec) -> EnvFactory:
     return EnvFactory(spec.id, kwargs)
 
 
+def task_index(index: int, seed: int, episodes: int, num_tasks: int) -> int:
+    """The task episode `index` of run seed `seed` plays: run seed s starts s x `episodes` tasks on,
+    so seeds play different tasks until the env's `num_tasks` run out (then the order wraps)."""
+    return (index + seed * episodes) % num_tasks
+
+
 def episode_key(agent: str, env_id: str, split: str, index: int, seed: int) -> str:
     """The key a bench episode is stored and resumed under."""
     return json.dumps([agent, env_id, split, index, seed])
@@ -307,7 +320,15 @@ def _load_done(path: Path) -> dict[str, Episode]:
 
 
 def _task_count(spec: EnvSpec) -> int:
-    env = env_factory(spec)()
+    """The env's number of tasks, from one trial build; options the env refuses (a TypeError or
+    ValueError of its constructor) are a ConfigError naming the env, the split and the options."""
+    try:
+        env = env_factory(spec)()
+    except (TypeError, ValueError) as e:
+        given = ", ".join(f"{k}={v!r}" for k, v in spec.options.items()) or "none"
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"envs: {spec.id} ({spec.split}): {reason} (options: {given}; "
+                          f"`agentgym-opsd list --options {spec.id}` lists them)") from None
     try:
         return int(env.unwrapped.num_tasks)
     finally:
@@ -399,7 +420,7 @@ def run_bench(
                             requests.append(
                                 EpisodeRequest(
                                     seed=index + RESET_SEED_STRIDE * seed,
-                                    options={"task_index": index % tasks[number]},
+                                    options={"task_index": task_index(index, seed, counts[number], tasks[number])},
                                     episode_id=episode_id,
                                 )
                             )
@@ -438,7 +459,7 @@ def _family(env_id: str) -> tuple[str, str]:
 
 
 def _row(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("episodes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate", "errors")
+    keys = ("episodes", "outcomes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate", "errors")
     return {k: summary[k] for k in keys if k in summary}
 
 
@@ -497,12 +518,20 @@ def markdown_tables(results: dict[str, Any]) -> dict[str, str]:
             for name, s, errors in subset_rows(r):
                 low, high = s["success_ci95"]
                 lines.append(
-                    f"| {name} | {r['split']} | {r['agent']} | {s['episodes']} | {_pct(s['success_rate'])} | "
+                    f"| {name} | {r['split']} | {r['agent']} | {episodes_cell(s)} | {_pct(s['success_rate'])} | "
                     f"[{_pct(low)}, {_pct(high)}] | {s['mean_score']:.3f} | {s['mean_turns']:.1f} | "
                     f"{_pct(s['invalid_rate'])} | {errors} |"
                 )
         out[family] = "\n".join(lines) + "\n"
     return out
+
+
+COUNTING_NOTE = (
+    "Success %: the mean over the episodes played. 95% CI: Wilson's interval over distinct outcomes: "
+    "episodes that played the same task with the same turns (a deterministic agent replaying a task) "
+    "count once, shown as `8 (4 distinct)`. Run seeds play different tasks: seed s starts s x N tasks "
+    "on (N: the env's episode count), so tasks repeat only when seeds x N exceed the env's tasks."
+)
 
 
 def _safe(name: str) -> str:
@@ -578,7 +607,7 @@ def write_results(
     tables = markdown_tables(results)
     for family, text in tables.items():
         atomic_write_text(run_dir / "tables" / f"{_safe(family)}.md", text)
-    atomic_write_text(run_dir / "results.md", f"# {config.name}\n\n" + "\n".join(tables.values()))
+    atomic_write_text(run_dir / "results.md", f"# {config.name}\n\n" + "\n".join(tables.values()) + "\n" + COUNTING_NOTE + "\n")
     plot_results(results, run_dir / "plots")
     if report:
         from agentgym_opsd.report import write_report

@@ -35,10 +35,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise _cli_error("--workers must be >= 0")
         config = dataclasses.replace(config, workers=args.workers)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    from agentgym_opsd.cli import build_agent
+
+    if args.cpu_threads is not None and args.cpu_threads < 0:
+        raise _cli_error(f"--cpu-threads must be >= 0, got {args.cpu_threads}")
+
+    def make_agent(name: str, *, seed: int = 0):
+        return build_agent(name, seed=seed, cpu_threads=args.cpu_threads)
+
     try:
-        run_bench(config, out, restart=args.restart, progress=not args.quiet, report=not args.no_report)
+        run_bench(config, out, restart=args.restart, progress=not args.quiet, report=not args.no_report, make_agent=make_agent)
     except ConfigError as e:
-        raise _cli_error(str(e)) from None
+        message = str(e)
+        raise _cli_error(message if message.startswith(str(out)) else f"{args.config}: {message}") from None
     print((out / "results.md").read_text(encoding="utf-8"))
     print(f"episodes: {out / 'episodes.jsonl'}")
     print(f"results:  {out / 'results.json'} (tables in {out / 'tables'}, charts in {out / 'plots'})")
@@ -61,8 +70,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", help="folder the config's data paths (data_file, catalog, index_dir, ...) are read "
                                        "from and may not leave (default: the config's folder)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
+    from agentgym_opsd.cli import CPU_THREADS_HELP
+
+    p.add_argument("--cpu-threads", type=int, metavar="N", help=CPU_THREADS_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_bench)
+    p.set_defaults(func=_cmd_bench, on_interrupt="run the same command to resume")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,4 +162,4 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="a smaller run (for a smoke test)")
-    p.set_defaults(func=_cmd_demo)
+    p.set_defaults(func=_cmd_demo, on_interrupt="run the same command to resume (finished training runs are kept)")

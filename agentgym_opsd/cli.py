@@ -21,11 +21,20 @@ from agentgym_opsd.agents import AgentError, make_agent
 from agentgym_opsd.core import EnvUnavailable
 from agentgym_opsd.episode import append_episodes, load_episodes
 from agentgym_opsd.io import DataFileError, atomic_write_json
-from agentgym_opsd.registry import UnknownEnvError, entry, make, plugin_errors, registered_envs
+from agentgym_opsd.registry import (
+    EnvOptionError,
+    UnknownEnvError,
+    check_env_options,
+    entry,
+    env_options,
+    make,
+    plugin_errors,
+    registered_envs,
+)
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
 
-__all__ = ["main", "CliError", "parse_options", "make_env_factory"]
+__all__ = ["main", "CliError", "parse_options", "make_env_factory", "build_agent"]
 
 # name -> "module:add_parser" for commands owned by other folders.
 COMMANDS: dict[str, str] = {
@@ -67,17 +76,42 @@ def parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def build_agent(name: str, *, seed: int = 0, cpu_threads: int | None = None):
+    """`make_agent`, then `--cpu-threads` applied to a model-backed agent (None: the agent's own
+    choice, which for `hf:` is `cpu_threads=auto`)."""
+    if cpu_threads is not None and cpu_threads < 0:
+        raise CliError(f"--cpu-threads must be >= 0, got {cpu_threads}")
+    agent = make_agent(name, seed=seed)
+    model = getattr(agent, "model", None)
+    if cpu_threads is not None and model is not None and hasattr(model, "parameters"):
+        from trainer.policy import pin_cpu_threads
+
+        pin_cpu_threads(model, cpu_threads)
+    return agent
+
+
+CPU_THREADS_HELP = ("torch CPU threads for hf: agents (default: 1 for tiny models under 50M parameters, torch's "
+                    "own setting for larger ones; 0 leaves torch's setting)")
+
+
 def make_env_factory(env_id: str, options: dict[str, Any]):
-    """A function that builds the env, after one trial build that turns bad options into a CliError."""
+    """A function that builds the env, after checking the options against the env's keywords
+    (`check_env_options`) and one trial build; a bad option is a one-line CliError that names it."""
     entry(env_id)
+    try:
+        check_env_options(env_id, options)
+    except EnvOptionError as e:
+        raise CliError(str(e)) from None
 
     def factory() -> gym.Env:
         return make(env_id, **options)
 
     try:
         factory().close()
-    except TypeError as e:
-        raise CliError(f"{env_id}: bad option ({e}); `agentgym-opsd list` shows the envs") from None
+    except (TypeError, ValueError) as e:
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "none"
+        raise CliError(f"{env_id}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__} "
+                       f"(options: {given}; `agentgym-opsd list --options {env_id}` lists them)") from None
     return factory
 
 
@@ -85,7 +119,28 @@ def make_env_factory(env_id: str, options: dict[str, Any]):
 # list
 
 
+def _cmd_list_options(env_id: str) -> int:
+    import inspect
+
+    options = env_options(env_id)
+    if options is None:
+        print(f"{env_id}: its constructor does not list its options (it takes **kwargs); see its documentation")
+        return 0
+    rows = [("option", "default", "what it is")]
+    for o in options:
+        default = "(required)" if o.default is inspect.Parameter.empty else json.dumps(o.default, default=str)
+        text = o.description if len(o.description) <= 120 else o.description[:119] + "…"
+        rows.append((o.name, default, text))
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    print(f"{env_id}: options for --option KEY=VALUE (eval, play) and `options = {{...}}` (bench)")
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:2], widths, strict=True)) + "  " + r[2])
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
+    if args.options:
+        return _cmd_list_options(args.options)
     entries = registered_envs()
     if not entries:
         print("no envs registered")
@@ -151,7 +206,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise CliError("--episodes must be >= 1")
     options = parse_options(args.option)
     factory = make_env_factory(args.env_id, options)
-    agent = make_agent(args.agent, seed=args.seed)
+    agent = build_agent(args.agent, seed=args.seed, cpu_threads=args.cpu_threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "episodes.jsonl"
@@ -198,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="list the registered envs, their subsets, splits and sizes")
     p.add_argument("--no-sizes", dest="sizes", action="store_false", help="do not load data to count tasks")
+    p.add_argument("--options", metavar="ID", help="list the options (keywords) of one env id, with defaults")
     p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser("play", help="play an env in the terminal, seeing exactly what an agent sees")
@@ -216,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-envs", type=int, default=8, help="episodes played at once")
     p.add_argument("--context", default="full", help="full or window:K")
     p.add_argument("--resume", action="store_true", help="keep finished episodes in OUT and play the rest")
-    p.set_defaults(func=_cmd_eval)
+    p.add_argument("--cpu-threads", type=int, metavar="N", help=CPU_THREADS_HELP)
+    p.set_defaults(func=_cmd_eval, on_interrupt="run the same command with --resume to keep the finished episodes")
 
     for name, target in COMMANDS.items():
         module, _, attr = target.partition(":")
@@ -232,6 +289,7 @@ _USER_ERRORS = (CliError, UnknownEnvError, EnvUnavailable, AgentError, DataFileE
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = None
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
@@ -241,9 +299,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prefix}{msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("agentgym-opsd: interrupted", file=sys.stderr)
+        # A command that can pick up where it stopped says how (`set_defaults(on_interrupt=...)`).
+        hint = getattr(args, "on_interrupt", None)
+        print(f"agentgym-opsd: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return 130
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m agentgym_opsd.cli` runs this file as __main__: call the imported module's main, so
+    # that CliError raised by command modules (which import agentgym_opsd.cli) is the one caught.
+    from agentgym_opsd.cli import main as _main
+
+    sys.exit(_main())

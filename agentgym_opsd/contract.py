@@ -1,6 +1,7 @@
 """The contract every registered env must pass, as a reusable check (like gymnasium's `check_env`).
 
-`check_text_env(make_env)` raises `AssertionError` with a message naming the broken rule. The test
+`check_text_env(make_env)` raises `AssertionError` with a message naming the broken rule, or the
+env's own exception where the env raised (with its traceback). The test
 suite runs it on every registered id; a plug-in author can run it on their own env in one line.
 """
 
@@ -16,7 +17,7 @@ from gymnasium.utils.env_checker import check_env
 
 from agentgym_opsd.agents import RandomAgent
 from agentgym_opsd.core import Hindsight, StepInfo, TextEnv
-from agentgym_opsd.episode import load_episodes, save_episodes
+from agentgym_opsd.episode import Episode, load_episodes, save_episodes
 from agentgym_opsd.rollout import play_episode
 
 __all__ = ["check_text_env", "JUNK_TURNS"]
@@ -58,6 +59,25 @@ def _assert_step_info(info: dict, turn: int, where: str) -> StepInfo:
     return step
 
 
+def _raise_env_error(env: gym.Env, episode: Episode, seed: int) -> None:
+    """An episode the rollout ended as errored means the env raised: raise the env's own exception
+    (the episode replayed here, so its traceback points into the env), not what is missing after it."""
+    if episode.error is None:
+        return
+    agent = RandomAgent(seed)
+    try:
+        _, info = env.reset(seed=seed)
+        for _ in range(env.unwrapped.max_turns):
+            _, _, terminated, truncated, info = env.step(agent.act([], info, env.unwrapped))
+            if terminated or truncated:
+                break
+    except Exception as e:
+        e.add_note(f"check_text_env: raised by the env in a random agent's episode (seed {seed})")
+        raise
+    raise AssertionError(f"seed {seed}: the env raised during an episode ({episode.error}), "
+                         "but not when the episode was played again: is it deterministic?")
+
+
 def check_text_env(
     make_env: Callable[[], gym.Env],
     *,
@@ -86,7 +106,9 @@ def check_text_env(
         # Same seed, same turns -> same episode.
         for seed in seeds:
             first = play_episode(env, RandomAgent(seed), seed)
+            _raise_env_error(env, first, seed)
             second = play_episode(env, RandomAgent(seed), seed)
+            _raise_env_error(env, second, seed)
             assert first.initial_observation == second.initial_observation, f"seed {seed}: reset differs"
             assert [t.to_dict() for t in first.turns] == [t.to_dict() for t in second.turns], (
                 f"seed {seed}: the same seed and turns gave different episodes"

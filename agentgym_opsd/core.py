@@ -211,6 +211,8 @@ class TextEnv(gym.Env[str, str]):
         action_tags: the tags an action may come in.
         allow_bare_action: accept a bare one-line command (for scripted agents and people).
         max_turns: turns before the episode is truncated.
+        max_turn_tokens: the per-turn generation cap that suits this env's turns (reasoning and one
+            action); a model-backed agent (`hf:`) uses it unless its own cap is given.
         max_response_chars: longer turns are parsed only up to this many characters.
 
     A turn is parsed as valid Unicode: lone surrogates (U+D800 to U+DFFF, which no tokenizer
@@ -223,6 +225,7 @@ class TextEnv(gym.Env[str, str]):
     action_tags: tuple[str, ...] = ("action",)
     allow_bare_action: bool = False
     max_turns: int = 50
+    max_turn_tokens: int = 256
     max_response_chars: int = 20_000
     max_observation_chars: int = 200_000
     invalid_observation: str = "Invalid action."

@@ -5,9 +5,11 @@
 3. Warm-start a tiny Qwen3 (its tokenizer trained on the env's text) on expert episodes, then train
    it further with GRPO and with StepOPSD side by side on one ALFWorld subset (same start, seeds and
    budget). The last update's per-turn credit is recorded for the report (`credit.jsonl`).
-4. Benchmark expert, random and the tiny policy on the six ALFWorld subsets and on Search-QA.
+4. Benchmark expert, random and the three tiny policies (the warm start, and the models GRPO and
+   StepOPSD trained from it) on the six ALFWorld subsets and on Search-QA.
 5. Write one HTML report (tables, charts, training curves, trajectories with their credit) and say
-   where it is.
+   where it is; its header says what the tiny policies are (a smoke-sized run) and where the real
+   figures are (`about.txt`).
 
 Everything goes under `--out` (default runs/demo), caches included, so a fresh clone generates all
 of it; a second run reuses what is there. One progress bar follows the stages; each stage shows its
@@ -28,6 +30,23 @@ __all__ = ["DemoSettings", "run_demo", "credit_records"]
 
 TRAIN_ENV = "agentgym/ALFWorld-Pick-v0"
 SEARCHQA_ENV = "agentgym/SearchQA-Synthetic-v0"
+# The bench's names for the tiny policies, and what they are: run folder -> name.
+POLICIES = {"warmstart": "warm start", "training/grpo": "grpo", "training/stepopsd": "stepopsd"}
+
+ABOUT = """\
+A smoke-sized run: every stage of the main job, end to end, in minutes on a CPU. The tiny policies are a \
+{params} randomly initialised Qwen3 ({layers} layers, hidden {hidden}, a {vocab}-token BPE trained on the env's text), \
+warm-started on {sft} ALFWorld Pick expert episodes (`warm start`), then trained for {steps} updates of \
+{tasks} tasks x {group} episodes with GRPO (`grpo`) and with StepOPSD (`stepopsd`) from that start. \
+A policy this small and this briefly trained is not expected to win episodes: their rows and curves show \
+the machinery working, not what the methods achieve. They were trained on ALFWorld Pick only (the other \
+subsets and Search-QA are tasks they never saw). The training curves show the reward the update used \
+(`credit/reward_mean`, with the penalties for invalid turns) beside the env's own (`train/reward`).
+
+The real figures: `python benchmarks/learning.py` (held-out success on ALFWorld Pick after a warm start \
+and 20 updates per method, same seeds and budget; the README's Benchmarks table) and \
+`python benchmarks/credit_quality.py` (how well each method's per-turn credit singles out the turns \
+that decided an episode; being added)."""
 
 
 @dataclass(frozen=True)
@@ -44,14 +63,17 @@ class DemoSettings:
     tasks_per_step: int = 2
     group_size: int = 4
     max_new_tokens: int = 24
-    eval_episodes: int = 10
+    eval_episodes: int = 5  # the held-out panel: every valid_seen Pick game once (greedy: a replay adds nothing)
     vocab_size: int = 1024
-    workers: int = 2
+    # The benchmark's envs run in this process, 8 at a time: their steps cost less than a worker's
+    # round trip, and the policies then write 8 turns per decoding batch instead of one per worker
+    # (with 2 workers the stage took 277 s against 41 s, median wall of 2 runs each, here).
+    workers: int = 0
 
     @classmethod
     def quick(cls) -> DemoSettings:
         return cls(panel_train=2, panel_eval=1, max_turns=8, searchqa_episodes=3, sft_episodes=8, sft_epochs=1, steps=1,
-                   tasks_per_step=1, group_size=2, max_new_tokens=12, eval_episodes=2, vocab_size=512)
+                   tasks_per_step=1, group_size=2, max_new_tokens=12, eval_episodes=1, vocab_size=512)
 
 
 class _Stages:
@@ -118,16 +140,16 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
         server = serve_synthetic(cache / "searchqa")
         stages.done()
         try:
-            model = _train(out, alfworld, settings, stages, progress)
+            models = _train(out, alfworld, settings, stages, progress)
+            _write_about(out, settings, models["warm start"])
             stages.start("benchmark")
+            # Greedy, at the per-turn cap the policies were trained with; a turn ends at </action>.
+            policies = [{"name": name, "agent": f"hf:{model}?temperature=0&max_new_tokens={settings.max_new_tokens}&device=cpu"}
+                        for name, model in models.items()]
             config = config_from_dict(
                 {
                     "name": "agentgym-opsd demo",
-                    "agents": [
-                        "expert",
-                        "random",
-                        {"name": "tiny policy", "agent": f"hf:{model}?temperature=0&max_new_tokens={settings.max_new_tokens}&device=cpu"},
-                    ],
+                    "agents": ["expert", "random", *policies],
                     "seeds": [0],
                     "workers": settings.workers,
                     "context": "window:2",
@@ -159,9 +181,26 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
 # Training: one warm start, then GRPO and StepOPSD from it.
 
 
-def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: _Stages, progress: bool) -> Path:
+def _write_about(out: Path, settings: DemoSettings, model: Path) -> None:
+    """`about.txt`: what this run is, for the report's header."""
+    from agentgym_opsd.io import atomic_write_text
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model)
+    with torch.device("meta"):  # the architecture only: no weights are read
+        count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    atomic_write_text(out / "about.txt", ABOUT.format(
+        params=f"{count / 1e6:.2f}M-parameter", layers=config.num_hidden_layers, hidden=config.hidden_size,
+        vocab=config.vocab_size, sft=settings.sft_episodes, steps=settings.steps,
+        tasks=settings.tasks_per_step, group=settings.group_size,
+    ) + "\n")
+
+
+def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: _Stages, progress: bool) -> dict[str, Path]:
     """Warm start (OUT/warmstart) and the two RL runs (OUT/training/<method>, side by side in the
-    report); returns the warm-started model's folder (the tiny policy)."""
+    report); returns the model folder of each, by its name in the benchmark (`POLICIES`)."""
     from trainer.local import LocalTrainer, TrainConfig
 
     common = dict(
@@ -210,7 +249,7 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
             trainer.hooks["after_rollout"].append(record_credit)
             trainer.run()
         stages.done()
-    return warm / "model"
+    return {name: out / folder / "model" for folder, name in POLICIES.items()}
 
 
 # ---------------------------------------------------------------------------------------------

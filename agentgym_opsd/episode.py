@@ -25,6 +25,7 @@ from agentgym_opsd.io import (
 __all__ = ["TurnTokens", "Turn", "Episode", "save_episodes", "append_episodes", "load_episodes"]
 
 FORMAT_VERSION = 1
+FINISH_REASONS = ("stop", "action", "length")
 
 
 @dataclass
@@ -45,7 +46,8 @@ class TurnTokens:
         sampled_ids: the ids the policy sampled, ending with the stop id it sampled when it stopped
             by itself (`finish_reason == "stop"`).
         logprobs: the sampling log-probs of `sampled_ids` (empty when not recorded).
-        finish_reason: `stop` (the model wrote a stop id) or `length` (cut at the token cap).
+        finish_reason: `stop` (the model wrote a stop id), `action` (the turn was ended after its
+            closing action tag, no stop id) or `length` (cut at the token cap).
     """
 
     prompt_ids: list[int]
@@ -72,8 +74,8 @@ class TurnTokens:
             logprobs=[float(x) for x in d.get("logprobs") or []],
             finish_reason=str(d.get("finish_reason", "stop")),
         )
-        if tokens.finish_reason not in ("stop", "length"):
-            raise ValueError(f"finish_reason {tokens.finish_reason!r}: use 'stop' or 'length'")
+        if tokens.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason {tokens.finish_reason!r}: use one of {', '.join(FINISH_REASONS)}")
         if tokens.logprobs and len(tokens.logprobs) != len(tokens.sampled_ids):
             raise ValueError(f"{len(tokens.logprobs)} log-probs for {len(tokens.sampled_ids)} sampled ids")
         return tokens

@@ -2,8 +2,9 @@
 
 The model is loaded with `trainer.policy.load_hf_policy` and plays through the trainer's own
 token-space sampler (`trainer.sampling.HFPolicyAgent`), so an evaluated policy reads its contexts
-exactly as it did in training. torch and transformers are imported lazily: `import agentgym_opsd`
-stays light.
+exactly as it did in training. By default a turn also ends at the env's closing action tag (a turn
+holds one action) and the per-turn cap is the model's own or the env's `max_turn_tokens`. torch and
+transformers are imported lazily: `import agentgym_opsd` stays light.
 """
 
 from __future__ import annotations
@@ -21,27 +22,48 @@ __all__ = ["make_hf_agent"]
 
 
 def make_hf_agent(spec: str, *, seed: int = 0) -> HFPolicyAgent:
-    """`hf:PATH` or `hf:PATH?temperature=0.7&max_new_tokens=256&device=cuda&dtype=bf16`."""
+    """`hf:PATH` or `hf:PATH?temperature=0.7&max_new_tokens=256&device=cuda&dtype=bf16&cpu_threads=4&stop=eot`.
+
+    Options:
+        temperature: sampling temperature (default 1; 0 is greedy).
+        max_new_tokens: the per-turn token cap. Default: the model's own (`max_new_tokens` in its
+            generation_config.json) where it sets one, else each env's `max_turn_tokens`.
+        device, dtype: `auto` (default), `cpu`, `cuda:N`; `float32`, `bf16`, ...
+        max_batch: at most this many prompts per decoding call.
+        cpu_threads: torch CPU threads (`pin_cpu_threads`): a count, 0 to leave torch's setting,
+            `auto` (default: 1 for a tiny model, torch's setting for others).
+        stop: `action` (default): a turn also ends at its env's closing action tag (`</action>`);
+            `eot`: only at the end-of-turn token or the cap, as the trainer's rollouts sample.
+    """
     path, _, query = spec.partition("?")
     options = dict(parse_qsl(query, keep_blank_values=True))
-    known = {"temperature", "max_new_tokens", "device", "dtype", "max_batch"}
+    known = {"temperature", "max_new_tokens", "device", "dtype", "max_batch", "cpu_threads", "stop"}
     unknown = set(options) - known
     if unknown:
         raise AgentError(f"hf:{spec}: unknown option(s) {sorted(unknown)}; use {sorted(known)}")
+    stop = options.get("stop", "action")
+    if stop not in ("action", "eot"):
+        raise AgentError(f"hf:{spec}: stop={stop!r}: use action (end a turn at the env's closing action tag) or eot")
     try:
         temperature = float(options.get("temperature", 1.0))
-        max_new_tokens = int(options.get("max_new_tokens", 256))
+        max_new_tokens = int(options["max_new_tokens"]) if "max_new_tokens" in options else None
         max_batch = int(options["max_batch"]) if "max_batch" in options else None
+        threads = options.get("cpu_threads", "auto")
+        cpu_threads = None if threads == "auto" else int(threads)
     except ValueError as e:
         raise AgentError(f"hf:{spec}: bad option value ({e})") from None
-    from trainer.policy import PolicyLoadError, load_hf_policy
+    from trainer.policy import PolicyLoadError, load_hf_policy, pin_cpu_threads
     from trainer.sampling import HFPolicyAgent
 
     try:
         model, tokenizer = load_hf_policy(path, device=options.get("device", "auto"), dtype=options.get("dtype", "auto"))
+        pin_cpu_threads(model, cpu_threads)
     except PolicyLoadError as e:
         raise AgentError(str(e)) from None
+    if max_new_tokens is None:
+        own = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
+        max_new_tokens = int(own) if isinstance(own, int) and own > 0 else None
     return HFPolicyAgent(
         model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, max_batch=max_batch,
-        name=f"hf:{Path(path).name}",
+        name=f"hf:{Path(path).name}", stop_at_action_close=stop == "action",
     )

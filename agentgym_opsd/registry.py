@@ -17,6 +17,11 @@ every credit method without a line in the trainer:
 from __future__ import annotations
 
 import difflib
+import importlib
+import inspect
+import re
+import sys
+import typing
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +43,10 @@ __all__ = [
     "make",
     "UnknownEnvError",
     "notes_folder",
+    "EnvOption",
+    "EnvOptionError",
+    "env_options",
+    "check_env_options",
 ]
 
 ENTRY_POINT_GROUP = "agentgym_opsd.envs"
@@ -179,3 +188,177 @@ def make(env_id: str, **kwargs: Any) -> gym.Env:
     """`gymnasium.make` for a registered id, with a clear error for unknown ids."""
     entry(env_id)
     return gym.make(env_id, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The keyword options of a registered id (what `--option KEY=VALUE` and a bench's `options` may set).
+
+
+class EnvOptionError(ValueError):
+    """An env option that the env does not take, or a value of the wrong kind; one line that names
+    the env and the option and lists the env's options."""
+
+
+@dataclass(frozen=True)
+class EnvOption:
+    """One keyword of an env's constructor.
+
+    Attributes:
+        name: the keyword.
+        default: its default (`inspect.Parameter.empty` when it has none); the id's own registered
+            keywords (e.g. the subset) are shown as defaults.
+        kinds: the kinds of value it takes, from its annotation (`int`, `str`, `None`, ...), or
+            None when the annotation does not say (then any value is passed through).
+        description: the line of the env's docstring that explains it ("" when none does).
+    """
+
+    name: str
+    default: Any
+    kinds: tuple[type, ...] | None
+    description: str = ""
+
+
+# Keywords `gymnasium.make` takes itself, for every id.
+_MAKE_KEYWORDS = ("max_episode_steps", "disable_env_checker")
+_KIND_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null",
+               dict: "a table", list: "a list"}
+
+
+def _env_class(env_id: str) -> Any:
+    target = gym.spec(env_id).entry_point
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        target = getattr(importlib.import_module(module), attr)
+    return target
+
+
+def _kinds(annotation: Any) -> tuple[type, ...] | None:
+    """The runtime classes an annotation allows, or None when it is not a plain union of them."""
+    if annotation is inspect.Parameter.empty or annotation is Any:
+        return None
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)) else (annotation,)
+    out: list[type] = []
+    for member in members:
+        origin = typing.get_origin(member) or member
+        if member is None or member is type(None):
+            out.append(type(None))
+        elif origin in (int, float, str, bool, dict, list, tuple):
+            out.append(list if origin is tuple else origin)
+        elif isinstance(origin, type) and origin.__module__ == "collections.abc" and origin.__name__ in ("Sequence", "Iterable", "Collection"):
+            out.append(list)
+        elif isinstance(origin, type) and origin.__module__ == "collections.abc" and origin.__name__ == "Mapping":
+            out.append(dict)
+        else:  # a path, a callable, a class of the env's own: not checked here
+            return None
+    return tuple(dict.fromkeys(out))
+
+
+def _docs(cls: Any) -> str:
+    texts = [inspect.getdoc(klass) or "" for klass in inspect.getmro(cls) if klass.__module__ != "builtins"]
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    texts.append((module.__doc__ or "") if module is not None else "")
+    return "\n".join(texts)
+
+
+def _describe(name: str, docs: str) -> str:
+    """The docstring text that explains `name` (an `Args:`-style line `name, other: text` and its
+    more indented continuation lines); a bare "see `X`" defers to a later docstring (a base class's)."""
+    lines = docs.splitlines()
+    fallback = ""
+    for i, line in enumerate(lines):
+        match = re.match(r"(\s*)([A-Za-z_][\w, ]*):\s+(.*)", line)
+        if not match or name not in [n.strip() for n in match.group(2).split(",")]:
+            continue
+        text, indent = [match.group(3).strip()], len(match.group(1))
+        for more in lines[i + 1 :]:
+            if not more.strip() or len(more) - len(more.lstrip()) <= indent:
+                break
+            text.append(more.strip())
+        joined = " ".join(text)
+        if joined.lower().startswith("see `"):
+            fallback = fallback or joined
+            continue
+        return joined
+    return fallback
+
+
+def env_options(env_id: str) -> list[EnvOption] | None:
+    """The keyword options of a registered id, read from its class's constructor (and the
+    constructors it forwards `**kwargs` to), with the docstring line that explains each; None when
+    the entry point does not say (a factory taking `**kwargs` only)."""
+    entry(env_id)
+    registered = dict(gym.spec(env_id).kwargs or {})
+    try:
+        cls = _env_class(env_id)
+    except Exception:
+        return None
+    classes = inspect.getmro(cls) if inspect.isclass(cls) else (cls,)
+    found: dict[str, EnvOption] = {}
+    docs = _docs(cls) if inspect.isclass(cls) else (inspect.getdoc(cls) or "")
+    for klass in classes:
+        init = klass.__init__ if inspect.isclass(klass) else klass
+        if inspect.isclass(klass) and "__init__" not in vars(klass):
+            continue
+        try:
+            signature = inspect.signature(init)
+            hints = typing.get_type_hints(init)
+        except Exception:
+            try:
+                signature, hints = inspect.signature(init), {}
+            except (TypeError, ValueError):
+                return None
+        forwards = False
+        for p in signature.parameters.values():
+            if p.name == "self" or p.kind == p.VAR_POSITIONAL:
+                continue
+            if p.kind == p.VAR_KEYWORD:
+                forwards = True
+                continue
+            if p.name not in found:
+                default = registered.get(p.name, p.default)
+                found[p.name] = EnvOption(p.name, default, _kinds(hints.get(p.name, inspect.Parameter.empty)), _describe(p.name, docs))
+        if not forwards:
+            return list(found.values())
+        if not inspect.isclass(klass) or klass.__init__ is object.__init__:
+            break
+    return None  # **kwargs reach a constructor we cannot see
+
+
+def _kind_ok(value: Any, kinds: tuple[type, ...]) -> bool:
+    for kind in kinds:
+        if kind is type(None) and value is None:
+            return True
+        if kind is bool and isinstance(value, bool):
+            return True
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if kind in (str, dict) and isinstance(value, kind):
+            return True
+        if kind is list and isinstance(value, (list, tuple)):
+            return True
+    return False
+
+
+def check_env_options(env_id: str, options: dict[str, Any]) -> None:
+    """Raise `EnvOptionError` (one line) for an option `env_id` does not take, or a value of a kind
+    its annotation does not allow (`max_turns="abc"`). Options of envs whose constructor cannot be
+    read pass unchecked."""
+    known = env_options(env_id)
+    if known is None:
+        return
+    by_name = {o.name: o for o in known}
+    listing = ", ".join(o.name for o in known)
+    for name, value in options.items():
+        if name in _MAKE_KEYWORDS:
+            continue
+        option = by_name.get(name)
+        if option is None:
+            close = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise EnvOptionError(f"{env_id} has no option {name!r}{hint}; its options: {listing} "
+                                 f"(`agentgym-opsd list --options {env_id}` explains them)")
+        if option.kinds is not None and not _kind_ok(value, option.kinds):
+            wanted = " or ".join(_KIND_WORDS.get(k, k.__name__) for k in option.kinds)
+            raise EnvOptionError(f"{env_id}: option {name}={value!r}: {name} takes {wanted}")

@@ -1,4 +1,10 @@
-"""Summaries of played episodes: success per subset, score, turns, invalid-action rate."""
+"""Summaries of played episodes: success per subset, score, turns, invalid-action rate.
+
+The success rate is the mean over the episodes played. Its 95% Wilson interval counts distinct
+outcomes, not plays: episodes that played the same task with the same turns (a deterministic
+agent replaying a task, e.g. under another run seed or past the end of the task list) are one
+outcome, so replays do not narrow the interval. `outcomes` in a summary says how many there were.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,12 @@ from typing import Any
 
 from agentgym_opsd.episode import Episode
 
-__all__ = ["summarize", "format_table", "wilson_interval"]
+__all__ = ["summarize", "format_table", "wilson_interval", "outcome_key", "episodes_cell"]
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a success rate (well-behaved at 0 and 1 and for small n)."""
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a success rate (well-behaved at 0 and 1 and for small n).
+    `successes` may be fractional: the rate times n, when n counts distinct outcomes."""
     if n == 0:
         return (0.0, 0.0)
     p = successes / n
@@ -27,14 +34,25 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
+def outcome_key(episode: Episode) -> tuple[Any, ...]:
+    """What makes two episodes the same outcome: the task and every turn the agent wrote (an
+    errored episode is always its own outcome)."""
+    if episode.error:
+        return ("errored", episode.episode_id, episode.seed, episode.error)
+    return (episode.env_id, episode.task_id, tuple(t.response for t in episode.turns))
+
+
 def _stats(episodes: Sequence[Episode]) -> dict[str, Any]:
     n = len(episodes)
     wins = sum(e.success for e in episodes)
-    low, high = wilson_interval(wins, n)
+    rate = wins / n if n else 0.0
+    outcomes = len({outcome_key(e) for e in episodes})
+    low, high = wilson_interval(rate * outcomes, outcomes)
     turns = sum(e.num_turns for e in episodes)
     return {
         "episodes": n,
-        "success_rate": wins / n if n else 0.0,
+        "outcomes": outcomes,
+        "success_rate": rate,
         "success_ci95": [low, high],
         "mean_score": _mean([e.score for e in episodes]),
         "mean_turns": _mean([e.num_turns for e in episodes]),
@@ -52,10 +70,16 @@ def summarize(episodes: Sequence[Episode], *, env_id: str, agent: str) -> dict[s
         by_type[e.task_type or "unknown"].append(e)
     summary = {"env_id": env_id, "agent": agent, **_stats(episodes)}
     summary["by_task_type"] = {
-        t: {k: v for k, v in _stats(eps).items() if k in ("episodes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate")}
+        t: {k: v for k, v in _stats(eps).items() if k in ("episodes", "outcomes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate")}
         for t, eps in sorted(by_type.items())
     }
     return summary
+
+
+def episodes_cell(stats: dict[str, Any]) -> str:
+    """A table's episode count: `8`, or `8 (4 distinct)` when replays gave identical outcomes."""
+    n, distinct = stats["episodes"], stats.get("outcomes", stats["episodes"])
+    return str(n) if distinct == n else f"{n} ({distinct} distinct)"
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -67,7 +91,7 @@ def format_table(summary: dict[str, Any]) -> str:
         low, high = s.get("success_ci95", (0.0, 0.0))
         return (
             name,
-            str(s["episodes"]),
+            episodes_cell(s),
             f"{100 * s['success_rate']:.1f}%",
             f"[{100 * low:.0f}, {100 * high:.0f}]",
             f"{s['mean_score']:.3f}",

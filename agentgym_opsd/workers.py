@@ -187,6 +187,13 @@ _POLL_SECONDS = 1.0
 
 def _worker_main(conn: Any, make_env: Callable[[], Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        _serve(conn, make_env)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        pass  # the parent went away (Ctrl-C, a kill) while this worker answered: end quietly
+
+
+def _serve(conn: Any, make_env: Callable[[], Any]) -> None:
     # The process that started this one: the rollout (fork) or the fork server, which exits with
     # the rollout. When it goes, this worker is re-parented and ends.
     parent_pid = os.getppid()

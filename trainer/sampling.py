@@ -32,7 +32,10 @@ from agentgym_opsd.episode import TurnTokens
 from trainer.chat import framing_for
 from trainer.policy import end_of_turn_ids
 
-__all__ = ["HFPolicyAgent"]
+__all__ = ["HFPolicyAgent", "DEFAULT_TURN_TOKENS"]
+
+# The per-turn token cap for an env that does not name one (`TextEnv.max_turn_tokens`'s default).
+DEFAULT_TURN_TOKENS = 256
 
 
 class HFPolicyAgent:
@@ -40,7 +43,8 @@ class HFPolicyAgent:
 
     Args:
         model, tokenizer: the policy (the tokenizer needs a chat template).
-        max_new_tokens: the per-turn token cap; a turn that reaches it ends there.
+        max_new_tokens: the per-turn token cap; a turn that reaches it ends there. None: each env's
+            own `max_turn_tokens` (256 for an env without one).
         temperature: sampling temperature; 0 is greedy.
         seed: seed of the agent's sampling generator.
         chat_template_kwargs: extra keywords for `apply_chat_template` (e.g. `enable_thinking`).
@@ -48,8 +52,14 @@ class HFPolicyAgent:
         name: the agent's name in episode records.
         reuse_prefix: keep each episode's keys and values from one turn to the next and compute only
             the new part of its context. Off for models whose caches are not plain (sliding windows).
+        stop_at_action_close: also end a turn once it has written its env's closing action tag
+            (`</action>`, `</search>`, `</answer>`: the env's `action_tags`), since a turn holds one
+            action (finish reason `action`: no stop id was sampled; the next context closes the turn
+            with the template's end-of-turn text). Off by default: the trainer samples turns that end
+            at a stop id.
 
-    `stats` counts prompts, prompt and generated tokens, turns cut at the cap and seconds spent.
+    `stats` counts prompts, prompt and generated tokens, turns cut at the cap, turns ended at the
+    action's closing tag and seconds spent.
     `state_dict()` / `load_state_dict()` save and restore the sampling generator (exact resume).
     """
 
@@ -58,23 +68,25 @@ class HFPolicyAgent:
         model,
         tokenizer,
         *,
-        max_new_tokens: int = 128,
+        max_new_tokens: int | None = 128,
         temperature: float = 1.0,
         seed: int = 0,
         chat_template_kwargs: dict[str, Any] | None = None,
         max_batch: int | None = None,
         name: str = "hf",
         reuse_prefix: bool = True,
+        stop_at_action_close: bool = False,
     ) -> None:
         import torch
 
-        if max_new_tokens < 1:
+        if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.model = model
         self.tokenizer = tokenizer
-        self.max_new_tokens = int(max_new_tokens)
+        self.max_new_tokens = None if max_new_tokens is None else int(max_new_tokens)
+        self.stop_at_action_close = bool(stop_at_action_close)
         self.temperature = float(temperature)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.framing = framing_for(tokenizer, **self.chat_template_kwargs)
@@ -111,25 +123,41 @@ class HFPolicyAgent:
             context, new, extends = self._context(m, key)
             contexts.append(context)
             added.append((new, extends))
+        limits = [self.turn_cap(env) for env in envs]
+        closers = [self.closing_tags(env) for env in envs]
         out: list[str] = []
         step = self.max_batch or len(contexts) or 1
-        sampled: list[tuple[list[int], list[float], bool]] = []
+        sampled: list[tuple[list[int], list[float], str]] = []
         for start in range(0, len(contexts), step):
-            sampled += self._sample(contexts[start : start + step], keys[start : start + step])
-        for m, key, info, context, (new, extends), (ids, lps, stopped) in zip(
+            window = slice(start, start + step)
+            sampled += self._sample(contexts[window], keys[window], limits[window], closers[window])
+        for m, key, info, context, (new, extends), (ids, lps, finish) in zip(
             messages, keys, infos, contexts, added, sampled, strict=True
         ):
-            text, _, closed = self.framing.split_response(ids, self.stop_ids)
+            text, _, closed = self.framing.split_response(ids, self.stop_ids if finish == "stop" else ())
             out.append(text)
             if key is not None:
                 self._contexts[key] = (list(m) + [{"role": "assistant", "content": text}], context, ids, closed)
             step_info = info.get("step")
             if step_info is not None:
                 self.samples[(step_info.episode_id, int(step_info.turn))] = TurnTokens(
-                    prompt_ids=new, extends=extends, sampled_ids=ids, logprobs=lps,
-                    finish_reason="stop" if stopped else "length",
+                    prompt_ids=new, extends=extends, sampled_ids=ids, logprobs=lps, finish_reason=finish,
                 )
         return out
+
+    def turn_cap(self, env: Any = None) -> int:
+        """The token cap of a turn in `env`: the agent's own, else the env's `max_turn_tokens`."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        cap = getattr(env, "max_turn_tokens", None) if env is not None else None
+        return int(cap) if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else DEFAULT_TURN_TOKENS
+
+    def closing_tags(self, env: Any = None) -> tuple[str, ...]:
+        """The texts that end a turn in `env` besides a stop id (none unless `stop_at_action_close`)."""
+        if not self.stop_at_action_close or env is None:
+            return ()
+        tags = getattr(env, "action_tags", None) or ()
+        return tuple(f"</{tag}>" for tag in tags if isinstance(tag, str) and tag)
 
     def annotate(self, episodes) -> int:
         """Attach each turn's `TurnTokens` record (and `turn.info["finish_reason"]`) to the episodes
@@ -173,8 +201,12 @@ class HFPolicyAgent:
         return [(ids, lps) for ids, lps, _ in self._sample(prompts)]
 
     def _sample(
-        self, prompts: Sequence[Sequence[int]], keys: Sequence[str | None] | None = None
-    ) -> list[tuple[list[int], list[float], bool]]:
+        self,
+        prompts: Sequence[Sequence[int]],
+        keys: Sequence[str | None] | None = None,
+        limits: Sequence[int] | None = None,
+        closers: Sequence[tuple[str, ...]] | None = None,
+    ) -> list[tuple[list[int], list[float], str]]:
         import torch
 
         if not prompts:
@@ -184,19 +216,28 @@ class HFPolicyAgent:
         self.model.eval()
         try:
             with torch.no_grad():
-                result = self._decode(prompts, list(keys) if keys is not None else [None] * len(prompts))
+                result = self._decode(
+                    prompts,
+                    list(keys) if keys is not None else [None] * len(prompts),
+                    list(limits) if limits is not None else [self.turn_cap()] * len(prompts),
+                    list(closers) if closers is not None else [()] * len(prompts),
+                )
         finally:
             self.model.train(was_training)
         self.stats["calls"] += 1
         self.stats["prompts"] += len(prompts)
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["new_tokens"] += sum(len(ids) for ids, _, _ in result)
-        self.stats["capped_turns"] += sum(1 for _, _, stopped in result if not stopped)
+        self.stats["capped_turns"] += sum(1 for _, _, finish in result if finish == "length")
+        self.stats["closed_turns"] += sum(1 for _, _, finish in result if finish == "action")
         self.stats["seconds"] += time.perf_counter() - started
         return result
 
-    def _decode(self, prompts: Sequence[Sequence[int]], keys: list[str | None]) -> list[tuple[list[int], list[float], bool]]:
-        """One batched decoding loop with a KV cache.
+    def _decode(
+        self, prompts: Sequence[Sequence[int]], keys: list[str | None], limits: list[int], closers: list[tuple[str, ...]]
+    ) -> list[tuple[list[int], list[float], str]]:
+        """One batched decoding loop with a KV cache. Row i stops at a stop id, at a text of
+        `closers[i]` (the token that completes it is kept), or after `limits[i]` tokens.
 
         Layout: row i is `[pad, reused prefix (n_i), pad, new prompt tokens, generated tokens]`, every
         row's next token in the same column. The reused prefix is the longest common prefix of the
@@ -204,8 +245,8 @@ class HFPolicyAgent:
         extends the previous one); its keys and values are not recomputed. Padding is masked out and
         positions are explicit, so a row's logits do not depend on the others.
 
-        Returns per prompt: (sampled ids, the stop id included when sampled; their log-probs;
-        whether the model stopped by itself).
+        Returns per prompt: (sampled ids, the stop id included when sampled; their log-probs; the
+        finish reason: `stop`, `action` (a closing tag) or `length`).
         """
         import torch
 
@@ -231,19 +272,34 @@ class HFPolicyAgent:
         cache, logits = out.past_key_values, out.logits[:, -1].float()
         next_position = positions[:, -1] + 1
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        limit = torch.tensor(limits, device=self.device)
+        closed = [False] * batch  # ended at a closing action tag
+        tails = [""] * batch  # the end of each row's text so far, to spot a closing tag
+        watch = [i for i in range(batch) if closers[i]]
+        horizon = max(limits)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
-        for t in range(self.max_new_tokens):
+        for t in range(horizon):
             if self.temperature == 0:
                 logp = torch.log_softmax(logits, dim=-1)
                 token = logits.argmax(dim=-1)
             else:
                 logp = torch.log_softmax(logits / self.temperature, dim=-1)
                 token = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+            was_done = done
             tokens.append(torch.where(done, torch.full_like(token, -1), token))
             logps.append(logp.gather(-1, token[:, None]).squeeze(-1))
             done = done | torch.isin(token, stop)
-            if bool(done.all()) or t + 1 == self.max_new_tokens:
+            if watch:
+                values, ended = token.tolist(), was_done.tolist()
+                for i in watch:
+                    if not ended[i] and not closed[i] and values[i] not in self.stop_ids:
+                        tails[i] = (tails[i] + self.tokenizer.decode([values[i]], skip_special_tokens=False))[-64:]
+                        closed[i] = any(c in tails[i] for c in closers[i])
+                if any(closed):
+                    done = done | torch.tensor(closed, device=self.device)
+            done = done | (t + 1 >= limit)
+            if bool(done.all()) or t + 1 == horizon:
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
             out = self._forward(token[:, None], mask, next_position[:, None], cache)
@@ -253,19 +309,23 @@ class HFPolicyAgent:
         lp_table = torch.stack(logps, dim=1).tolist()
         stop_set = set(self.stop_ids)
         result = []
-        for row, lps in zip(table, lp_table, strict=True):
+        for i, (row, lps) in enumerate(zip(table, lp_table, strict=True)):
             ids: list[int] = []
             values: list[float] = []
-            stopped = False
+            finish = "length"
             for token, lp in zip(row, lps, strict=True):
                 if token < 0:
                     break
                 ids.append(int(token))
                 values.append(float(lp))
                 if token in stop_set:
-                    stopped = True
+                    finish = "stop"
                     break
-            result.append((ids, values, stopped))
+                if len(ids) >= limits[i]:
+                    break
+            if finish == "length" and closed[i]:
+                finish = "action"
+            result.append((ids, values, finish))
         self._keep_prefixes(prompts, keys, result, cache, mask)
         return result
 
@@ -336,7 +396,7 @@ class HFPolicyAgent:
     @staticmethod
     def _zero_stats() -> dict[str, float]:
         return {"calls": 0, "prompts": 0, "prompt_tokens": 0, "prefill_tokens": 0, "new_tokens": 0, "capped_turns": 0,
-                "seconds": 0.0}
+                "closed_turns": 0, "seconds": 0.0}
 
     def pop_stats(self) -> dict[str, float]:
         """The counters since the last call, reset to zero."""

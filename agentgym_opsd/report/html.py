@@ -15,16 +15,20 @@ from typing import Any
 
 from agentgym_opsd.episode import Episode, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_text, read_jsonl_numbered
-from agentgym_opsd.bench import subset_rows
+from agentgym_opsd.bench import COUNTING_NOTE, subset_rows
+from agentgym_opsd.summary import episodes_cell
 from agentgym_opsd.report.credit import episode_credit, merge_credit_file
 
 __all__ = ["RunData", "load_run", "render_report", "write_report"]
 
 # Metrics drawn first when a training run logs them (then any other shared numeric key).
 _PREFERRED_METRICS = (
-    "eval/success", "train/success", "success_rate", "train/reward", "mean_reward", "mean_score", "loss",
+    "eval/success", "train/success", "success_rate", "credit/reward_mean", "train/reward", "mean_reward", "mean_score", "loss",
     "credit/adv_std_ratio", "train/invalid_rate", "invalid_rate",
 )
+# What the panels are called: the credit's reward is what the update used (shaped: invalid-action
+# penalties included), the env's reward is what the episodes earned.
+_METRIC_TITLES = {"credit/reward_mean": "credit/reward_mean (reward the update used)", "train/reward": "train/reward (env reward)"}
 # Bookkeeping keys of a metrics row, never drawn.
 _NOT_METRICS = {"update", "step", "time", "kind"}
 
@@ -41,7 +45,8 @@ class RunData:
         training: method -> its metrics rows (one per update).
         viewer: (source, episode) pairs for the trajectory viewer; source is `bench` or
             `train:<method>`.
-        meta: counts and notes shown in the header.
+        meta: counts and notes shown in the header (`about`: the run folder's `about.txt`, a
+            note its producer left for readers, e.g. the demo's "what this run is").
     """
 
     run_dir: Path
@@ -110,6 +115,9 @@ def load_run(run_dir: str | Path, *, per_group: int = 4, per_method: int = 24) -
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
     data = RunData(run_dir=run_dir, name=run_dir.name)
+    data.meta.update(per_group=per_group, per_method=per_method)
+    if (run_dir / "about.txt").is_file():
+        data.meta["about"] = (run_dir / "about.txt").read_text(encoding="utf-8").strip()
     results_path = run_dir / "results.json"
     if results_path.exists():
         data.results = json.loads(results_path.read_text(encoding="utf-8"))
@@ -172,7 +180,7 @@ def _results_html(results: dict[str, Any]) -> str:
                 body.append(
                     "<tr>"
                     f"<td>{html.escape(name)}</td><td>{html.escape(r['split'])}</td>"
-                    f"<td class=agent>{html.escape(r['agent'])}</td><td class=num>{s['episodes']}</td>"
+                    f"<td class=agent>{html.escape(r['agent'])}</td><td class=num>{episodes_cell(s)}</td>"
                     f"<td class=num><b>{_pct(rate)}</b></td>"
                     f"<td class=num>[{_pct(low)}, {_pct(high)}]</td><td class=bar><div class=track>{bar}</div></td>"
                     f"<td class=num>{s['mean_score']:.3f}</td><td class=num>{s['mean_turns']:.1f}</td>"
@@ -223,8 +231,11 @@ def training_plot(training: dict[str, list[dict[str, Any]]]) -> bytes | None:
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 2.8), dpi=100, squeeze=False)
+    # Methods that log the same values must not hide one another: each has its own marker, size
+    # and line style, the first drawn largest and hollow.
+    styles = [("o", 7, "-"), ("s", 4, "--"), ("^", 4, ":"), ("D", 3, "-."), ("v", 4, "-")]
     for ax, name in zip(axes[0], names, strict=True):
-        for method, rows in training.items():
+        for number, (method, rows) in enumerate(training.items()):
             points = [
                 (row.get("update", row.get("step", i)), row[name])
                 for i, row in enumerate(rows)
@@ -232,8 +243,16 @@ def training_plot(training: dict[str, list[dict[str, Any]]]) -> bytes | None:
             ]
             if points:
                 xs, ys = zip(*points, strict=True)
-                ax.plot(xs, ys, marker="o", markersize=3, label=method)
-        ax.set_title(name.replace("_", " "), fontsize=10)
+                marker, size, line = styles[number % len(styles)]
+                ax.plot(xs, ys, marker=marker, markersize=size, linestyle=line, label=method,
+                        markerfacecolor="none" if number == 0 else None, alpha=0.9)
+        if "success" in name or name.endswith("_rate"):  # a rate: its whole range, so 0 reads as 0
+            ax.set_ylim(-0.05, 1.05)
+        drawn = {x for line in ax.get_lines() for x in line.get_xdata()}
+        if len(drawn) == 1:  # one update: centre it instead of a axis of fractional updates
+            (x,) = drawn
+            ax.set_xlim(x - 1, x + 1)
+        ax.set_title(_METRIC_TITLES.get(name, name.replace("_", " ")), fontsize=9)
         ax.set_xlabel("update")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.spines[["top", "right"]].set_visible(False)
@@ -269,6 +288,17 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return html.escape(str(value)) if value is not None else "&ndash;"
+
+
+def _viewer_keys(viewer: list[tuple[str, Episode]]) -> list[str]:
+    """A link key per viewer episode, unique in the page: source, agent, episode id and update
+    (the expert and a policy play the same `env:split:i@seed` ids), numbered if still equal."""
+    keys, seen = [], {}
+    for source, e in viewer:
+        key = "|".join(str(p) for p in (source, e.agent, e.episode_id, e.meta.get("update", "")))
+        seen[key] = seen.get(key, 0) + 1
+        keys.append(key if seen[key] == 1 else f"{key}#{seen[key]}")
+    return keys
 
 
 def _episode_json(source: str, episode: Episode, instructions: dict[str, int]) -> dict[str, Any]:
@@ -328,6 +358,8 @@ def render_report(data: RunData) -> str:
     """The report page as one HTML string."""
     instructions: dict[str, int] = {}
     viewer = [_episode_json(source, e, instructions) for source, e in data.viewer]
+    for item, key in zip(viewer, _viewer_keys(data.viewer), strict=True):
+        item["key"] = key
     payload = {"episodes": viewer, "instructions": list(instructions)}
     sections = []
     nav = []
@@ -335,7 +367,7 @@ def render_report(data: RunData) -> str:
         sections.append(
             '<section id="results"><h2>Results</h2><p class="note">Success rate with its 95% Wilson interval '
             "(the bar: the interval, the mark: the rate); invalid % is the share of turns that were malformed "
-            "or not admissible.</p>" + _results_html(data.results) + _plots_html(data.plots) + "</section>"
+            "or not admissible. " + _inline_code(COUNTING_NOTE) + "</p>" + _results_html(data.results) + _plots_html(data.plots) + "</section>"
         )
         nav.append('<a href="#results">Results</a>')
     if data.training:
@@ -343,7 +375,8 @@ def render_report(data: RunData) -> str:
         nav.append('<a href="#training">Training</a>')
     if viewer:
         sections.append(
-            '<section id="trajectories"><h2>Trajectories</h2><p class="note">Each turn: the agent\'s response, '
+            '<section id="trajectories"><h2>Trajectories</h2><p class="note">' + html.escape(_viewer_note(data)) + "</p>"
+            '<p class="note">Each turn: the agent\'s response, '
             "the per-turn credit, and the env's observation. Where a trainer recorded StepOPSD credit, the scored "
             "action tokens are coloured by their weight w<sub>t</sub>: green above 1 (the token takes more of the "
             "episode's advantage: more credit when A &gt; 0, more blame when A &lt; 0), red below 1; or by the "
@@ -352,6 +385,8 @@ def render_report(data: RunData) -> str:
             '<div id="episode"></div></div></section>'
         )
         nav.append('<a href="#trajectories">Trajectories</a>')
+    about = data.meta.get("about")
+    about_html = f'<p class="about">{_inline_code(about)}</p>' if about else ""
     stamp = time.strftime("%Y-%m-%d %H:%M")
     summary = f"{data.meta.get('bench_episodes', 0)} bench episodes"
     if data.training:
@@ -361,9 +396,31 @@ def render_report(data: RunData) -> str:
         page.replace("{{title}}", html.escape(data.name))
         .replace("{{summary}}", html.escape(f"{summary}; written {stamp}"))
         .replace("{{nav}}", " ".join(nav))
+        .replace("{{about}}", about_html)
         .replace("{{sections}}", "\n".join(sections) or "<p>This run folder holds nothing to report yet.</p>")
         .replace("{{data}}", _script_json(payload))
     )
+
+
+def _inline_code(text: str) -> str:
+    """Escaped text with `backticked` spans as <code> and blank lines as paragraph breaks."""
+    parts = html.escape(text).split("`")
+    body = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    return body.replace("\n\n", "</p><p class=\"about\">").replace("\n", " ")
+
+
+def _viewer_note(data: RunData) -> str:
+    """What the viewer holds: a sample of the bench's episodes, the last ones of each training run."""
+    bench = sum(1 for source, _ in data.viewer if source == "bench")
+    parts = []
+    if data.meta.get("bench_episodes"):
+        parts.append(f"{bench} of the bench's {data.meta['bench_episodes']} episodes (up to {data.meta.get('per_group', 4)} "
+                     "per agent, env and split, successes and failures alternately; episodes.jsonl holds them all)")
+    trained = len(data.viewer) - bench
+    if trained:
+        parts.append(f"{trained} training episodes (the last {data.meta.get('per_method', 24)} per method, those with "
+                     "recorded credit first)")
+    return ("Shown: " + "; ".join(parts) + ".") if parts else ""
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, **load_kwargs: Any) -> Path:

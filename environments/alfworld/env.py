@@ -17,7 +17,7 @@ Privileged, for the trainer and reports: `expert_action()` (the planner expert's
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from environments.alfworld.engine import NOTHING_HAPPENS, AlfredEngine, GameFile
 from environments.alfworld.expert import TASK_TYPES, ExpertError, TaskSpec, World, plan
 from environments.alfworld.panel import SPLITS, PanelSpec, ensure_panel
 
-__all__ = ["AlfWorldEnv", "SUBSETS", "SUBSET_OF_TYPE", "INSTRUCTIONS"]
+__all__ = ["AlfWorldEnv", "SUBSETS", "SUBSET_OF_TYPE", "INSTRUCTIONS", "interleave_task_types"]
 
 # subset name (gym id part, StepInfo.task_type) -> ALFWorld task type
 SUBSETS: dict[str, str] = {
@@ -77,6 +77,27 @@ def _as_task_types(task_types: str | Sequence[str] | None) -> tuple[str, ...]:
             raise ValueError(f"unknown ALFWorld task type {item!r}: use {', '.join(SUBSETS)} or the full names")
         out.append(name)
     return tuple(dict.fromkeys(out))
+
+
+def interleave_task_types(games: Iterable[GameEntry]) -> tuple[GameEntry, ...]:
+    """The task order: the task types interleaved, so that every prefix of the order (the first
+    12 episodes of `ALFWorld-All-v0`, or 12 from seed 100 on, wrapping around) holds each type in
+    proportion to its share of the games.
+
+    A type's j-th of its n games (in task-id order) sits at (j + 1/2) / n of the order, ties
+    broken by `TASK_TYPES` order: equal counts give a round robin (pick, look, clean, heat, cool,
+    picktwo, pick, ...); a skewed mix keeps its proportions in every prefix. One task type keeps
+    its task-id order."""
+    by_type: dict[str, list[GameEntry]] = {}
+    for game in games:
+        by_type.setdefault(game.task_type, []).append(game)
+    rank = {t: i for i, t in enumerate(TASK_TYPES)}
+    keyed = [
+        ((j + 0.5) / len(group), rank.get(task_type, len(rank)), task_type, j, game)
+        for task_type, group in by_type.items()
+        for j, game in enumerate(group)
+    ]
+    return tuple(k[-1] for k in sorted(keyed, key=lambda k: k[:4]))
 
 
 class AlfWorldEnv(TextEnv):
@@ -158,7 +179,7 @@ class AlfWorldEnv(TextEnv):
             self.panel = None
             self.data_root = resolve_data_root(data_dir)
         wanted = set(self.task_types)
-        self.games: tuple[GameEntry, ...] = tuple(e for e in discover_games(self.data_root, split) if e.task_type in wanted)
+        self.games: tuple[GameEntry, ...] = interleave_task_types(e for e in discover_games(self.data_root, split) if e.task_type in wanted)
         if not self.games:
             where = f"the {source} data at {self.data_root}"
             raise EnvUnavailable(f"ALFWorld: no playable {'/'.join(self.task_types)} games in {where} (split {split})")

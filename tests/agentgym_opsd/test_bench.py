@@ -220,3 +220,80 @@ def test_cli_yaml_config_resume_guard_and_restart(tmp_path, capsys):
     assert main(["report", str(out)]) == 0
     assert json.loads((out / "results.json").read_text())["results"][0]["episodes"] == 4
     assert (out / "report.html").exists()
+
+
+def test_run_seeds_play_different_tasks_and_replays_count_once_in_the_interval(tmp_path):
+    # 30 tasks, 5 episodes per seed: seed s plays tasks 5s .. 5s+4, all different.
+    config = config_from_dict({"agents": ["expert"], "seeds": [0, 1, 2], "episodes": 5, "envs": ["benchtest/Tally-Small-v0"]})
+    run_bench(config, tmp_path / "distinct", progress=False, report=False)
+    episodes = load_episodes(tmp_path / "distinct" / "episodes.jsonl")
+    assert len(episodes) == 15 and len({e.task_id for e in episodes}) == 15
+    assert {e.task_id for e in episodes if e.meta["bench_key"].endswith(", 1]")} == {f"tally-small-{i}" for i in range(5, 10)}
+
+    # 4 tasks, 2 seeds x 4 episodes: every task is played twice; the deterministic expert plays it
+    # the same way both times, so the interval counts 4 outcomes, not 8.
+    config = config_from_dict({"agents": ["expert", "random"], "seeds": [0, 1], "episodes": 4,
+                               "envs": [{"id": "benchtest/Tally-Small-v0", "options": {"tasks": 4}}]})
+    results = run_bench(config, tmp_path / "repeated", progress=False, report=False)
+    rows = {r["agent"]: r for r in results["results"]}
+    from agentgym_opsd.summary import wilson_interval
+
+    expert = rows["expert"]
+    assert expert["episodes"] == 8 and expert["outcomes"] == 4 and expert["success_rate"] == 1.0
+    assert expert["success_ci95"] == pytest.approx(list(wilson_interval(4, 4)))
+    assert expert["success_ci95"][0] < wilson_interval(8, 8)[0]  # wider than 8 plays would claim
+    shown = rows["random"]
+    distinct = {(e.task_id, tuple(t.response for t in e.turns)) for e in load_episodes(tmp_path / "repeated" / "episodes.jsonl") if e.agent == "random"}
+    assert shown["outcomes"] == len(distinct)
+    results_md = (tmp_path / "repeated" / "results.md").read_text()
+    assert "| small | test | expert | 8 (4 distinct) | 100.0 |" in results_md
+    assert "Wilson's interval over distinct outcomes" in results_md and "seed s starts s x N tasks on" in results_md
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ('{ catalogue = "x" }', "c.toml: envs[1]: options: benchtest/Tally-Small-v0 has no option 'catalogue'; its options: subset, tasks, delay"),
+        ('{ tasks = "many" }', "c.toml: envs[1]: options: benchtest/Tally-Small-v0: option tasks='many': tasks takes an integer"),
+        ('{ subset = "huge" }', "c.toml: envs: benchtest/Tally-Small-v0 (test): subset must be small or large, got 'huge' (options: subset='huge';"),
+    ],
+)
+def test_a_bad_env_option_in_a_bench_config_is_one_line(tmp_path, options, message):
+    config = tmp_path / "c.toml"
+    config.write_text(f'agents = ["expert"]\n[[envs]]\nid = "benchtest/Tally-Small-v0"\noptions = {options}\n')
+    run = subprocess.run([sys.executable, "-m", "agentgym_opsd.cli", "bench", "c.toml", "--out", str(tmp_path / "out"), "--quiet"],
+                         env=_env(), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 2
+    err = run.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert message in err, err
+
+
+def test_ctrl_c_stops_a_bench_quietly_and_says_how_to_resume(tmp_path):
+    config = tmp_path / "slow.toml"
+    config.write_text('agents = ["expert"]\nepisodes = 30\nworkers = 2\n[[envs]]\nid = "benchtest/Tally-Small-v0"\n'
+                      "options = { delay = 0.05 }\n")
+    out = tmp_path / "run"
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "agentgym_opsd.cli", "bench", str(config), "--out", str(out), "--quiet", "--no-report"],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background shell may ignore SIGINT
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while _lines(out / "episodes.jsonl") < 4:
+            assert bench.poll() is None, bench.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the bench wrote no episodes"
+            time.sleep(0.02)
+        os.killpg(bench.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+        _, err = bench.communicate(timeout=120)  # returns once every writer of stderr (the workers too) is gone
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()
+    assert bench.returncode == 130
+    assert err.strip() == "agentgym-opsd: interrupted; run the same command to resume", err[-3000:]
+    resumed = _bench(config, out)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-2000:]
+    assert len(_by_key(out)) == 30

@@ -61,7 +61,12 @@ def test_random_agent_summary_counts_invalid_and_failures(tmp_path) -> None:
         (["eval", "nope/Missing-v0", "--agent", "expert", "--out", "x"], "no env registered as 'nope/Missing-v0'"),
         (["eval", "example/GuessNumber-v0", "--agent", "wizard", "--episodes", "1", "--out", "{tmp}"], "unknown agent 'wizard'"),
         (["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "0", "--out", "x"], "--episodes must be >= 1"),
-        (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "colour=red"], "bad option"),
+        (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "colour=red"],
+         "example/GuessNumber-v0 has no option 'colour'; its options: high, max_turns, allow_bare_action, render_mode"),
+        (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "max_turns=abc"],
+         "option max_turns='abc': max_turns takes an integer or null"),
+        (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "max_turns=0"],
+         "max_turns must be >= 1, got 0 (options: max_turns=0;"),
         (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "noequals"], "KEY=VALUE"),
         (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--context", "windows"], "window:K"),
         (["eval", "example/GuessNumber-v0"], "required: --agent, --out"),
@@ -88,3 +93,13 @@ def test_parse_options_reads_json_values() -> None:
     }
     with pytest.raises(CliError):
         parse_options(["=3"])
+
+
+def test_list_options_shows_an_envs_keywords_with_defaults_and_meaning() -> None:
+    r = run_cli("list", "--options", "example/GuessNumber-v0")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines()[2:]}
+    assert set(rows) == {"high", "max_turns", "allow_bare_action", "render_mode"} and rows["high"].split()[1] == "20"
+    assert "turns before the episode is truncated" in rows["max_turns"]  # TextEnv's docstring
+    r = run_cli("list", "--options", "example/GuesNumber-v0")
+    assert r.returncode == 2 and "did you mean example/GuessNumber-v0" in r.stderr

@@ -62,3 +62,19 @@ def test_contract_catches_a_broken_env() -> None:
         assert "junk crashes me" in str(e)
     else:
         raise AssertionError("the contract should have failed")
+
+
+def test_contract_reports_the_envs_own_exception_first() -> None:
+    """An env whose step raises is reported by its own exception, not by what is missing after it
+    (it used to read "seed 0: no hindsight at the end")."""
+    import pytest
+    from agentgym_example_plugin import GuessNumberEnv
+
+    class DividesByZero(GuessNumberEnv):
+        def _apply(self, action):
+            return 1 / 0
+
+    with pytest.raises(ZeroDivisionError) as caught:
+        check_text_env(lambda: DividesByZero(), run_gymnasium_checker=False)
+    assert any("raised by the env" in note for note in getattr(caught.value, "__notes__", []))
+    assert any("_apply" in str(frame.name) for frame in caught.traceback)

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,22 @@ def test_report_holds_tables_training_and_credit(run_dir):
     assert {e["agent"] for e in bench} == {"expert", "random"}
 
 
+def test_episode_links_are_unique_and_the_viewer_says_what_it_shows(run_dir):
+    page = (run_dir / "report.html").read_text()
+    episodes = _payload(page)["episodes"]
+    keys = [e["key"] for e in episodes]
+    assert len(set(keys)) == len(keys)
+    # The expert and the random agent play the same episode ids; their links differ.
+    shared = {e["id"] for e in episodes if e["agent"] == "expert"} & {e["id"] for e in episodes if e["agent"] == "random"}
+    assert shared
+    same = [e for e in episodes if e["id"] == next(iter(shared)) and e["source"] == "bench"]
+    assert len({e["key"] for e in same}) == len(same) == 2
+    total = len(load_episodes(run_dir / "episodes.jsonl"))
+    shown = sum(1 for e in episodes if e["source"] == "bench")
+    assert f"Shown: {shown} of the bench&#x27;s {total} episodes (up to 4 per agent, env and split" in page
+    assert "every episode shown (" in page and "all episodes (" not in page
+
+
 def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         path = shutil.which(name)
@@ -180,6 +197,16 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     assert all(a1 <= a2 + 1e-3 for (_, a1), (_, a2) in zip(by_distance, by_distance[1:]))  # stronger further from 1
     assert by_distance[0][1] < 0.2 and by_distance[-1][1] == pytest.approx(0.85)
     assert "<h3>Tally</h3>" in html and 'class="results"' in html and "credit-chart" in html
+    # StepOPSD weighs tokens: its row of the credit table shows the turn's mean w_t, not "–".
+    rows = re.findall(r"<tr><td>stepopsd</td>(.*?)</tr>", html)
+    assert rows and all("(mean w_t)" in row for row in rows)
+    # A link to an episode opens that episode, also when another agent played the same episode id.
+    target = next(e for e in data["episodes"] if e["source"] == "bench" and e["agent"] == "random"
+                  and any(o["id"] == e["id"] and o["agent"] == "expert" for o in data["episodes"]))
+    linked = subprocess.run([*common, "--dump-dom", page.as_uri() + "#episode=" + urllib.parse.quote(target["key"])],
+                            capture_output=True, text=True, timeout=120)
+    head = re.search(r'<div class="ep-head">(.*?)</div>', linked.stdout, re.S).group(1)
+    assert '<span class="tag">random</span>' in head and target["task"] in head
     assert "pwned" not in html.split("<main>")[0]  # the title was not rewritten by env text
     shot = tmp_path / "report.png"
     result = subprocess.run([*common, f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=120)

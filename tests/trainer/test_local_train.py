@@ -248,8 +248,8 @@ def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp
     seen: dict[str, list[tuple[list[int], list[int], list[float]]]] = {}
     original = HFPolicyAgent._sample
 
-    def recording(self, prompts, keys=None):
-        result = original(self, prompts, keys)
+    def recording(self, prompts, keys=None, *rest):
+        result = original(self, prompts, keys, *rest)
         for prompt, key, (ids, lps, _) in zip(prompts, keys, result, strict=True):
             seen.setdefault(key, []).append((list(prompt), list(ids), list(lps)))
         return result
