@@ -25,8 +25,10 @@ def cache_dir(*parts: str) -> Path:
 # ------------------------------------------------------------------------------------------------
 # Paths that come from config files stay inside their data root.
 
-PATH_OPTION_NAMES = frozenset({"catalog", "attributes", "human", "corpus", "index", "data", "goals"})
+PATH_OPTION_NAMES = frozenset({"catalog", "attributes", "human", "corpus", "index", "data"})
 PATH_OPTION_SUFFIXES = ("_file", "_dir", "_path", "_root", "_folder")
+# Values of path options that name a built-in choice, not a file (WebShop's `catalog="builtin"`).
+BUILTIN_CHOICES = frozenset({"builtin", "auto", "synthetic", "human", "none"})
 
 
 class PathOutsideRoot(ValueError):
@@ -57,9 +59,12 @@ def contained_path(value: str | os.PathLike[str], root: str | os.PathLike[str], 
 
 
 def contain_path_options(options: dict[str, object], root: str | os.PathLike[str], where: str) -> dict[str, object]:
-    """`options` with every path-valued option (see `is_path_option`) resolved by `contained_path`."""
+    """`options` with every path-valued option (see `is_path_option`) resolved by `contained_path`;
+    a value naming a built-in choice (`catalog = "builtin"`) is left as it is."""
     out = dict(options)
     for name, value in options.items():
+        if isinstance(value, str) and value.strip().lower() in BUILTIN_CHOICES:
+            continue
         if is_path_option(name) and isinstance(value, (str, os.PathLike)):
             out[name] = str(contained_path(value, root, f"{where}.{name}"))
     return out

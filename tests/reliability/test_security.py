@@ -142,6 +142,9 @@ def test_config_paths_are_not_followed_outside_their_root(tmp_path: Path) -> Non
                                     "catalog": "qa", "split": "../x"}, root, "cfg")  # fmt: skip
     assert options == {"data_file": str((root / "qa" / "nq.jsonl").resolve()), "server_url": "http://127.0.0.1:8000",
                        "topk": 3, "catalog": str((root / "qa").resolve()), "split": "../x"}  # fmt: skip
+    # A path option's built-in choices are names, not files (WebShop: catalog = "builtin", goals = "human").
+    assert contain_path_options({"catalog": "builtin", "goals": "human", "index_dir": "auto"}, root, "cfg") == {
+        "catalog": "builtin", "goals": "human", "index_dir": "auto"}
 
 
 def test_bench_configs_keep_their_data_paths_inside_the_data_root(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
