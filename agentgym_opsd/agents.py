@@ -108,11 +108,17 @@ class ExpertAgent:
         return turn
 
 
-# name prefix -> "module:factory"; factories take (spec after the prefix, seed)
-_AGENT_FACTORIES: dict[str, str] = {
-    "hf": "agentgym_opsd.policy_agents:make_hf_agent",
-    "openai": "agentgym_opsd.openai_agent:make_openai_agent",
-}
+# Agent kinds named by a prefix (`hf:PATH`, `openai:URL#MODEL`) come from the entry-point group
+# `agentgym_opsd.agents`: name -> "module:factory", factory(spec after the prefix, seed=...). The
+# application declares its model-backed kinds there, as env families declare their envs.
+AGENT_KIND_GROUP = "agentgym_opsd.agents"
+
+
+def agent_kinds() -> dict[str, Any]:
+    """{prefix: entry point} of the installed agent kinds."""
+    from importlib import metadata
+
+    return {ep.name: ep for ep in metadata.entry_points(group=AGENT_KIND_GROUP)}
 
 
 # name -> "module:factory" (or the factory) for agents env families register; factories take (seed=)
@@ -145,12 +151,13 @@ def make_agent(name: str, *, seed: int = 0) -> Agent:
                 raise AgentError(f"agent {name!r} is not available here ({e})") from None
         return factory(seed=seed)
     prefix, _, rest = name.partition(":")
-    if prefix in _AGENT_FACTORIES and rest:
-        module, _, attr = _AGENT_FACTORIES[prefix].partition(":")
+    kinds = agent_kinds() if rest else {}
+    if prefix in kinds:
         try:
-            factory = getattr(importlib.import_module(module), attr)
+            factory = kinds[prefix].load()
         except (ImportError, AttributeError) as e:
             raise AgentError(f"agent {name!r}: {prefix}: agents are not available here ({e})") from None
         return factory(rest, seed=seed)
     named = "".join(f", {n}" for n in sorted(_NAMED_AGENTS))
-    raise AgentError(f"unknown agent {name!r}: use random, expert{named}, hf:PATH or openai:BASE_URL#MODEL")
+    prefixed = "".join(f", {k}:..." for k in sorted(agent_kinds())) or " (no agent kinds are installed: pip install -e .)"
+    raise AgentError(f"unknown agent {name!r}: use random, expert{named}{prefixed}")

@@ -68,10 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import agentgym_opsd
-    from agentgym_opsd.cli import parse_options
+    from agentgym_opsd.io import atomic_write_json, atomic_write_text
+    from agentgym_opsd.usage import parse_options
     from trainer.local import LocalTrainer, TrainConfig
     from trainer.plots import plot_comparison
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text
 
     agentgym_opsd.load_plugins()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -20,7 +20,6 @@ Writes results.json, a table (stdout) and recall.png (recall@k curves).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import shutil
 import tempfile

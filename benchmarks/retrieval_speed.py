@@ -29,10 +29,10 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
-import shutil
 import tempfile
 import threading
 import time
@@ -146,7 +146,7 @@ def build(corpus: Path, out_dir: Path) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "agentgym_opsd.cli", "index", "build", str(corpus), str(out_dir), "--quiet", "--overwrite"],
+        [sys.executable, "-m", "agentgym_opsd.app.cli", "index", "build", str(corpus), str(out_dir), "--quiet", "--overwrite"],
         check=True,
         stdout=subprocess.DEVNULL,
     )

@@ -13,17 +13,17 @@ __all__ = ["add_index_parser", "add_serve_parser"]
 
 
 def _cmd_index_build(args: argparse.Namespace) -> int:
-    from agentgym_opsd.cli import CliError
+    from agentgym_opsd.usage import UsageError
     from retrieval_index.lucene import build_index
 
     if args.threads < 1:
-        raise CliError("--threads must be >= 1")
+        raise UsageError("--threads must be >= 1")
     if not Path(args.corpus).is_file():
-        raise CliError(f"{args.corpus}: no such corpus file (JSON lines with id and contents, or id, title and text)")
+        raise UsageError(f"{args.corpus}: no such corpus file (JSON lines with id and contents, or id, title and text)")
     try:
         info = build_index(args.corpus, args.out_dir, threads=args.threads, progress=not args.quiet, overwrite=args.overwrite)
     except FileExistsError as e:
-        raise CliError(str(e)) from None
+        raise UsageError(str(e)) from None
     print(
         f"indexed {info.num_docs} passages in {info.seconds:.1f} s into {info.index_dir} "
         f"({info.size_bytes / 2**20:.1f} MiB); serve it with "
@@ -59,17 +59,17 @@ def add_index_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from agentgym_opsd.cli import CliError
+    from agentgym_opsd.usage import UsageError
     from retrieval_index.server import run_from_args
 
     if not Path(args.index).is_dir():
-        raise CliError(
+        raise UsageError(
             f"--index {args.index}: no index folder there; build one with `agentgym-opsd index build CORPUS.jsonl {args.index}`"
         )
     try:
         return run_from_args(args)
     except OSError as e:  # the port is taken, ...
-        raise CliError(f"serve-retrieval: {e}") from None
+        raise UsageError(f"serve-retrieval: {e}") from None
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -34,7 +34,6 @@ os.environ.setdefault("AGENTGYM_OPSD_CACHE", str(Path(tempfile.gettempdir()) / "
 if str(EXAMPLE_PLUGIN) not in sys.path:
     sys.path.insert(0, str(EXAMPLE_PLUGIN))
 
-import agentgym_opsd  # noqa: E402
 from agentgym_opsd.registry import entry, load_plugins, registered_envs  # noqa: E402
 
 load_plugins(reload=True)
@@ -138,7 +137,12 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (tokenizer_dir / "tokenizer.json").exists():
         pytest.skip(f"needs the Qwen3 tokenizer at {tokenizer_dir} (the shared data folder beside the repo)")
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
@@ -161,7 +165,7 @@ def serve_policy_process(model: Path):
     import subprocess
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.cli", "serve-policy", "--model", str(model), "--port", "0",
+        [sys.executable, "-m", "agentgym_opsd.app.cli", "serve-policy", "--model", str(model), "--port", "0",
          "--name", "tiny", "--torch-threads", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )

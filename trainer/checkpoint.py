@@ -59,4 +59,5 @@ def write_checkpoint(folder: Path, state: dict[str, Any]) -> None:
 
 def read_checkpoint(folder: Path) -> dict[str, Any]:
     # weights_only: a checkpoint holds tensors, numbers and strings only (no pickled objects)
-    return torch.load(Path(folder) / CHECKPOINT, map_location="cpu", weights_only=True)
+    path = Path(folder) / CHECKPOINT
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -38,22 +38,10 @@ from tqdm.auto import tqdm
 
 import agentgym_opsd
 from agentgym_opsd.episode import Episode, save_episodes
-from agentgym_opsd.io import (
-    append_jsonl,
-    atomic_directory,
-    atomic_write_json,
-    atomic_write_text,
-    read_jsonl_numbered,
-)
+from agentgym_opsd.io import append_jsonl, atomic_directory, atomic_write_json, atomic_write_text, read_jsonl_numbered
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
-from trainer.checkpoint import (
-    CHECKPOINT,
-    read_checkpoint,
-    restore_rng_states,
-    rng_states,
-    write_checkpoint,
-)
+from trainer.checkpoint import CHECKPOINT, read_checkpoint, restore_rng_states, rng_states, write_checkpoint
 from trainer.config import RESUMABLE_CHANGES, TrainConfig, TrainError
 from trainer.loss import clipped_pg_loss, kl_k3, micro_batches
 from trainer.policy import TinyModelSpec, load_policy, parameter_count, token_logprobs

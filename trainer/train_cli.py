@@ -92,7 +92,7 @@ def add_parser(subparsers: Any) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The run's TrainConfig: the command line, or (with --resume) the saved config updated by it."""
-    from agentgym_opsd.cli import CliError, parse_options
+    from agentgym_opsd.usage import UsageError, parse_options
     from trainer.local import TrainConfig
 
     given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "resume", "progress")}
@@ -109,12 +109,12 @@ def config_from_args(args: argparse.Namespace):
         base.update(given, credit=credit)
         return TrainConfig.from_dict(base)
     if "env_id" not in given:
-        raise CliError("train: --env is required (e.g. --env agentgym/ALFWorld-Pick-v0; `agentgym-opsd list` shows them)")
+        raise UsageError("train: --env is required (e.g. --env agentgym/ALFWorld-Pick-v0; `agentgym-opsd list` shows them)")
     return TrainConfig(**given)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentgym_opsd.cli import CliError, make_env_factory
+    from agentgym_opsd.usage import UsageError, make_env_factory
     from trainer.local import LocalTrainer, TrainError
     from trainer.policy import PolicyLoadError
 
@@ -124,7 +124,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         make_env_factory(config.env_id, config.env_options)  # unknown id or bad options: one line, now
         report = LocalTrainer(config, resume=args.resume, progress=args.progress).run()
     except (TrainError, PolicyLoadError) as e:
-        raise CliError(f"train: {e}") from None
+        raise UsageError(f"train: {e}") from None
     before, after = report.get("success_before"), report.get("success_after")
     if before is not None:
         print(f"held-out success: {100 * before:.1f}% before RL -> {100 * after:.1f}% after {report['steps']} updates")

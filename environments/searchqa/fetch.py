@@ -188,7 +188,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from agentgym_opsd.cli import CliError
+    from agentgym_opsd.usage import UsageError
 
     try:
         if args.name in CORPORA:
@@ -205,7 +205,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
             path = fetch_questions(args.name, split, base_url=base, progress=not args.quiet, force=args.force)
             print(f"{args.name} {split}: {len(load_questions(path, dataset=args.name))} questions at {path}")
     except FetchError as e:
-        raise CliError(str(e)) from None
+        raise UsageError(str(e)) from None
     return 0
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import agentgym_opsd
-from agentgym_opsd.bench import ConfigError, config_from_dict, load_config, run_bench
-from agentgym_opsd.cli import main
+from agentgym_opsd.app.bench import ConfigError, config_from_dict, load_config, run_bench
+from agentgym_opsd.app.cli import main
 from agentgym_opsd.episode import load_episodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def _env() -> dict[str, str]:
 
 def _bench(config: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.cli", "bench", str(config), "--out", str(out), "--quiet", "--no-report"],
+        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet", "--no-report"],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -261,7 +261,7 @@ def test_run_seeds_play_different_tasks_and_replays_count_once_in_the_interval(t
 def test_a_bad_env_option_in_a_bench_config_is_one_line(tmp_path, options, message):
     config = tmp_path / "c.toml"
     config.write_text(f'agents = ["expert"]\n[[envs]]\nid = "benchtest/Tally-Small-v0"\noptions = {options}\n')
-    run = subprocess.run([sys.executable, "-m", "agentgym_opsd.cli", "bench", "c.toml", "--out", str(tmp_path / "out"), "--quiet"],
+    run = subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "bench", "c.toml", "--out", str(tmp_path / "out"), "--quiet"],
                          env=_env(), capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 2
     err = run.stderr.strip()
@@ -275,7 +275,7 @@ def test_ctrl_c_stops_a_bench_quietly_and_says_how_to_resume(tmp_path):
                       "options = { delay = 0.05 }\n")
     out = tmp_path / "run"
     bench = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.cli", "bench", str(config), "--out", str(out), "--quiet", "--no-report"],
+        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet", "--no-report"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background shell may ignore SIGINT
     )

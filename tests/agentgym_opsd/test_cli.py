@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.cli import main, parse_options, CliError
+from agentgym_opsd.app.cli import main
+from agentgym_opsd.usage import UsageError, parse_options
 
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "data" / "example_plugin"
 
@@ -91,7 +92,7 @@ def test_parse_options_reads_json_values() -> None:
     assert parse_options(["a=3", "b=0.5", "c=true", "d=hello world", "e=[1,2]", "max-turns=4"]) == {
         "a": 3, "b": 0.5, "c": True, "d": "hello world", "e": [1, 2], "max_turns": 4,
     }
-    with pytest.raises(CliError):
+    with pytest.raises(UsageError):
         parse_options(["=3"])
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import agentgym_opsd
-from agentgym_opsd.bench import config_from_dict, run_bench
+from agentgym_opsd.app.bench import config_from_dict, run_bench
+from agentgym_opsd.app.report import check_credit, credit_record, write_report
 from agentgym_opsd.episode import load_episodes, save_episodes
 from agentgym_opsd.io import append_jsonl
-from agentgym_opsd.report import check_credit, credit_record, write_report
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = [REPO / "tests" / "data" / "example_plugin", REPO / "tests" / "data" / "bench_plugin"]

@@ -12,10 +12,10 @@ import pytest
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, run_episodes
 from agentgym_opsd.agents import ExpertAgent, RandomAgent
-from agentgym_opsd.demo import credit_records
+from agentgym_opsd.app.demo import credit_records
+from agentgym_opsd.app.report import check_credit, load_run
 from agentgym_opsd.episode import save_episodes
 from agentgym_opsd.io import append_jsonl
-from agentgym_opsd.report import check_credit, load_run
 
 ENV = "agentgym/ALFWorld-Pick-v0"
 TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizers" / "qwen3"

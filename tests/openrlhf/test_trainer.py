@@ -22,11 +22,7 @@ import torch
 pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
 from trainer.openrlhf.config import ENV_VAR, BridgeConfig
-from trainer.openrlhf.launch import (
-    AGENT_FUNC_PATH,
-    complete_flags,
-    parse_openrlhf_flags,
-)
+from trainer.openrlhf.launch import AGENT_FUNC_PATH, complete_flags, parse_openrlhf_flags
 
 GROUP = 4
 PROMPT_SEEDS = "2,6,0"  # secrets 3, 7 (the warm-started policy opens with 3 or 7) and 1
@@ -64,7 +60,7 @@ def test_openrlhf_trainer_with_the_bridge_makes_credit_experience(guess_policy, 
                                                                    policy_group, tmp_path, monkeypatch):
     from openrlhf.utils.deepspeed import DeepspeedStrategy
 
-    from agentgym_opsd.cli import main as cli_main
+    from agentgym_opsd.app.cli import main as cli_main
     from trainer.openrlhf.experience import CreditExperienceMaker
     from trainer.openrlhf.ray_trainer import AgentGymPPOTrainer
     from trainer.openrlhf.samples import AgentGymSamplesGenerator

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from reliability_fuzz import fuzz_settings
 
 from agentgym_opsd.io import DataFileError
-from reliability_fuzz import fuzz_settings
 
 FUZZ = fuzz_settings(40)
 PLACE = re.compile(r":\d+\b|\bline \d+|\brecord \d+")
@@ -132,7 +132,7 @@ teacher:
 
 
 def _bench_config(path: Path):
-    from agentgym_opsd.bench import load_config
+    from agentgym_opsd.app.bench import load_config
 
     return load_config(path)
 
@@ -209,9 +209,9 @@ def clean_files(shared_data, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    from agentgym_opsd.app.bench import ConfigError as BenchConfigError
     from environments.alfworld.engine import GameFileError
     from environments.webshop.catalog import CatalogError
-    from agentgym_opsd.bench import ConfigError as BenchConfigError
     from trainer.openrlhf.config import ConfigError
 
     return (DataFileError, CatalogError, GameFileError, ConfigError, BenchConfigError)

@@ -119,7 +119,11 @@ class _Touch:
 
 
 def test_config_paths_are_not_followed_outside_their_root(tmp_path: Path) -> None:
-    from agentgym_opsd.paths import PathOutsideRoot, contain_path_options, contained_path
+    from agentgym_opsd.paths import (
+        PathOutsideRoot,
+        contain_path_options,
+        contained_path,
+    )
 
     root = tmp_path / "data"
     (root / "qa").mkdir(parents=True)
@@ -148,8 +152,8 @@ def test_config_paths_are_not_followed_outside_their_root(tmp_path: Path) -> Non
 
 
 def test_bench_configs_keep_their_data_paths_inside_the_data_root(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from agentgym_opsd.bench import ConfigError, load_config
-    from agentgym_opsd.cli import main as cli_main
+    from agentgym_opsd.app.bench import ConfigError, load_config
+    from agentgym_opsd.app.cli import main as cli_main
 
     root = tmp_path / "project"
     (root / "data").mkdir(parents=True)

@@ -10,15 +10,9 @@ import torch
 
 import trainer.credit as credit_core
 from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
-from agentgym_opsd.cli import main
+from agentgym_opsd.app.cli import main
 from agentgym_opsd.io import read_jsonl
-from trainer.local import (
-    LocalTrainer,
-    TrainConfig,
-    TrainError,
-    clipped_pg_loss,
-    micro_batches,
-)
+from trainer.local import LocalTrainer, TrainConfig, TrainError, clipped_pg_loss, micro_batches
 
 
 class ParityEnv(TextEnv):

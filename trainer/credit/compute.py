@@ -15,16 +15,8 @@ from trainer.credit.agentopsd import agentopsd_advantage
 from trainer.credit.batch import CreditBatch, TurnLayout
 from trainer.credit.config import RELEASE_SUCCESS_REWARD, CreditConfig
 from trainer.credit.evidence import token_gap, turn_evidence
-from trainer.credit.gigpo import (
-    discounted_returns,
-    gigpo_token_advantage,
-    step_advantage,
-)
-from trainer.credit.grpo import (
-    broadcast_to_tokens,
-    grpo_episode_advantage,
-    outcome_reward,
-)
+from trainer.credit.gigpo import discounted_returns, gigpo_token_advantage, step_advantage
+from trainer.credit.grpo import broadcast_to_tokens, grpo_episode_advantage, outcome_reward
 from trainer.credit.stepopsd import lam_schedule, stepopsd_advantage
 
 __all__ = ["compute_advantages", "episode_rewards"]

@@ -23,7 +23,7 @@ examples:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentgym_opsd.cli import CliError
+    from agentgym_opsd.usage import UsageError
     from trainer.openrlhf.config import BridgeConfig, load_sections, merge_sections
 
     flags = list(args.openrlhf_flags or [])
@@ -35,14 +35,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
             from trainer.openrlhf.presets import preset
 
             if not args.prompts:
-                raise CliError("--preset needs --prompts (write them with `agentgym-opsd openrlhf-prompts`)")
+                raise UsageError("--preset needs --prompts (write them with `agentgym-opsd openrlhf-prompts`)")
             sections, preset_flags = preset(
                 args.preset, args.model_preset, args.method or "grpo", model_path=args.model, prompts=args.prompts,
                 eval_prompts=args.eval_prompts, prompt_rows=_count_rows(args.prompts), gpus=args.gpus, out=args.out,
             )
             flags = preset_flags + flags  # flags after -- come last: they win
         elif args.config is None:
-            raise CliError("give --config FILE (bridge settings) or --preset FAMILY; see --help")
+            raise UsageError("give --config FILE (bridge settings) or --preset FAMILY; see --help")
         if args.config is not None:
             sections = merge_sections(sections, load_sections(args.config))
         if args.method and not args.preset:
@@ -52,9 +52,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
         launch(config, flags, dry_run=args.dry_run)
     except ValueError as e:  # ConfigError, LaunchError
-        raise CliError(str(e).splitlines()[0]) from None
+        raise UsageError(str(e).splitlines()[0]) from None
     except ImportError as e:
-        raise CliError(
+        raise UsageError(
             f"train-openrlhf needs OpenRLHF: install the [gpu] extra on a GPU machine (see the README) ({e})"
         ) from None
     return 0
@@ -96,13 +96,13 @@ def add_train_parser(subparsers) -> None:
 
 
 def _cmd_prompts(args: argparse.Namespace) -> int:
-    from agentgym_opsd.cli import CliError, parse_options
+    from agentgym_opsd.usage import UsageError, parse_options
     from trainer.openrlhf.dataset import parse_seeds, write_prompt_dataset
 
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError as e:
-        raise CliError(str(e)) from None
+        raise UsageError(str(e)) from None
     n = write_prompt_dataset(args.out, args.env_id, seeds, parse_options(args.option), parse_options(args.reset_option))
     print(f"wrote {n} prompts to {args.out}", file=sys.stderr)
     return 0

@@ -25,12 +25,7 @@ import torch
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from trainer.openrlhf.config import BridgeConfig, ConfigError
-from trainer.openrlhf.credit_rows import (
-    credit_advantages,
-    rollout_token_rows,
-    scalar_logs,
-    teacher_logprobs,
-)
+from trainer.openrlhf.credit_rows import credit_advantages, rollout_token_rows, scalar_logs, teacher_logprobs
 from trainer.openrlhf.samples import ACTION_KEY, RECORD_KEY, TURN_KEY
 
 __all__ = ["CreditExperienceMaker"]

@@ -209,10 +209,12 @@ def code_runtime_env(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / AGENT_LOADER).write_text(
+    from agentgym_opsd.io import atomic_write_text
+
+    atomic_write_text(
+        folder / AGENT_LOADER,
         '"""OpenRLHF loads this file by path in each rollout actor; the code comes from py_modules."""\n'
         "from trainer.openrlhf.agent_func import AgentExecutor  # noqa: F401\n",
-        encoding="utf-8",
     )
     modules = [str(Path(importlib.import_module(name).__file__).parent) for name in SHIPPED_PACKAGES]
     return {"working_dir": str(folder), "py_modules": modules}

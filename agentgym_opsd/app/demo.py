@@ -108,9 +108,9 @@ class _Stages:
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool = True) -> Path:
     """Run the demo into `out`; returns the report's path."""
     import agentgym_opsd
-    from agentgym_opsd.bench import config_from_dict, run_bench
+    from agentgym_opsd.app.bench import config_from_dict, run_bench
+    from agentgym_opsd.app.report import write_report
     from agentgym_opsd.io import atomic_write_json
-    from agentgym_opsd.report import write_report
 
     settings = DemoSettings.quick() if quick else DemoSettings()
     out = Path(out).resolve()
@@ -183,10 +183,10 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
 
 def _write_about(out: Path, settings: DemoSettings, model: Path) -> None:
     """`about.txt`: what this run is, for the report's header."""
-    from agentgym_opsd.io import atomic_write_text
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentgym_opsd.io import atomic_write_text
 
     config = AutoConfig.from_pretrained(model)
     with torch.device("meta"):  # the architecture only: no weights are read
@@ -285,17 +285,17 @@ def credit_records(
         overrides: `CreditConfig` overrides per method.
 
     Returns:
-        `credit.jsonl` records: one per episode and method (see `agentgym_opsd.report.credit`).
+        `credit.jsonl` records: one per episode and method (see `agentgym_opsd.app.report.credit`).
     """
     import torch
 
-    from agentgym_opsd.report.credit import credit_record
+    from agentgym_opsd.app.report.credit import credit_record
     from trainer.credit import TurnLayout, compute_advantages, episode_rewards
-    from trainer.env_knowledge import credit_config
     from trainer.credit.agentopsd import belief_path, belief_prior, turn_weights
     from trainer.credit.evidence import token_gap, turn_evidence
     from trainer.credit.grpo import broadcast_to_tokens, grpo_episode_advantage
     from trainer.credit.stepopsd import token_weights
+    from trainer.env_knowledge import credit_config
     from trainer.rows import build_rows
     from trainer.teacher import row_logprobs, score_teacher
 

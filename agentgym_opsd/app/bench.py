@@ -40,7 +40,7 @@ it stopped. Then the run folder gets:
   resumed run writes the same file as an unbroken one.
 - `results.md` and `tables/<family>.md`: a Markdown table per env family.
 - `plots/<family>-<subset>.png`: success per agent with its interval, one chart per subset.
-- `report.html`: everything above plus a trajectory viewer (`agentgym_opsd.report`).
+- `report.html`: everything above plus a trajectory viewer (`agentgym_opsd.app.report`).
 - `run.json`: timings and versions (what may differ between runs).
 """
 
@@ -55,13 +55,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.app.results import COUNTING_NOTE, markdown_tables, result_row, subset_rows
 from agentgym_opsd.episode import Episode, append_episodes, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from agentgym_opsd.registry import EnvOptionError, check_env_options, entry, registered_envs
-from agentgym_opsd.summary import episodes_cell, summarize
+from agentgym_opsd.summary import summarize
 from agentgym_opsd.workers import EnvFactory
 
-__all__ = ["AgentSpec", "BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "task_index", "subset_rows", "RESET_SEED_STRIDE", "COUNTING_NOTE"]
+__all__ = ["AgentSpec", "BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "task_index", "RESET_SEED_STRIDE"]
 
 RESET_SEED_STRIDE = 1_000_000
 
@@ -458,11 +459,6 @@ def _family(env_id: str) -> tuple[str, str]:
     return e.family, e.subset
 
 
-def _row(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("episodes", "outcomes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate", "errors")
-    return {k: summary[k] for k in keys if k in summary}
-
-
 def summarize_bench(config: BenchConfig, episodes_by_key: dict[str, Episode]) -> dict[str, Any]:
     """results.json's content: one entry per (agent, env id, split), in config order, over the
     episodes of every seed (ordered by seed, then episode index)."""
@@ -484,54 +480,10 @@ def summarize_bench(config: BenchConfig, episodes_by_key: dict[str, Episode]) ->
                 subset=subset,
                 split=spec.split,
                 seeds=list(config.seeds),
-                subsets={t: _row(s) for t, s in by_type.items()},
+                subsets={t: result_row(s) for t, s in by_type.items()},
             )
             results.append(summary)
     return {"name": config.name, "results": results}
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}"
-
-
-def subset_rows(r: dict[str, Any]) -> list[tuple[str, dict[str, Any], Any]]:
-    """The table rows of one result: (subset label, stats, errored). An id of one subset is one row
-    named after it; an id that plays several (subset `all`) gets a row per task type and an `all` row."""
-    if r["subset"] != "all":
-        return [(r["subset"], _row(r), r.get("errors", 0))]
-    rows: list[tuple[str, dict[str, Any], Any]] = [(t, s, "") for t, s in (r.get("subsets") or {}).items()]
-    rows.append(("all", _row(r), r.get("errors", 0)))
-    return rows
-
-
-def markdown_tables(results: dict[str, Any]) -> dict[str, str]:
-    """A Markdown table per env family: one row per subset, split and agent."""
-    by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in results["results"]:
-        by_family[r["family"]].append(r)
-    out = {}
-    header = "| subset | split | agent | episodes | success % | 95% CI | mean score | mean turns | invalid % | errored |"
-    rule = "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
-    for family, rows in by_family.items():
-        lines = [f"### {family}", "", header, rule]
-        for r in sorted(rows, key=lambda r: (r["subset"], r["split"])):  # stable: agents keep config order
-            for name, s, errors in subset_rows(r):
-                low, high = s["success_ci95"]
-                lines.append(
-                    f"| {name} | {r['split']} | {r['agent']} | {episodes_cell(s)} | {_pct(s['success_rate'])} | "
-                    f"[{_pct(low)}, {_pct(high)}] | {s['mean_score']:.3f} | {s['mean_turns']:.1f} | "
-                    f"{_pct(s['invalid_rate'])} | {errors} |"
-                )
-        out[family] = "\n".join(lines) + "\n"
-    return out
-
-
-COUNTING_NOTE = (
-    "Success %: the mean over the episodes played. 95% CI: Wilson's interval over distinct outcomes: "
-    "episodes that played the same task with the same turns (a deterministic agent replaying a task) "
-    "count once, shown as `8 (4 distinct)`. Run seeds play different tasks: seed s starts s x N tasks "
-    "on (N: the env's episode count), so tasks repeat only when seeds x N exceed the env's tasks."
-)
 
 
 def _safe(name: str) -> str:
@@ -610,7 +562,7 @@ def write_results(
     atomic_write_text(run_dir / "results.md", f"# {config.name}\n\n" + "\n".join(tables.values()) + "\n" + COUNTING_NOTE + "\n")
     plot_results(results, run_dir / "plots")
     if report:
-        from agentgym_opsd.report import write_report
+        from agentgym_opsd.app.report import write_report
 
         write_report(run_dir)
     return results

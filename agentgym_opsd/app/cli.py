@@ -17,24 +17,22 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
-from agentgym_opsd.agents import AgentError, make_agent
+from agentgym_opsd.agents import AgentError
+from agentgym_opsd.app.agents import CPU_THREADS_HELP, build_agent
 from agentgym_opsd.core import EnvUnavailable
 from agentgym_opsd.episode import append_episodes, load_episodes
 from agentgym_opsd.io import DataFileError, atomic_write_json
 from agentgym_opsd.registry import (
-    EnvOptionError,
     UnknownEnvError,
-    check_env_options,
-    entry,
     env_options,
-    make,
     plugin_errors,
     registered_envs,
 )
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
+from agentgym_opsd.usage import UsageError, make_env_factory, parse_options
 
-__all__ = ["main", "CliError", "parse_options", "make_env_factory", "build_agent"]
+__all__ = ["main", "COMMANDS"]
 
 # name -> "module:add_parser" for commands owned by other folders.
 COMMANDS: dict[str, str] = {
@@ -43,76 +41,17 @@ COMMANDS: dict[str, str] = {
     "searchqa-data": "environments.searchqa.fetch:add_parser",
     "train-openrlhf": "trainer.openrlhf.cli:add_train_parser",
     "openrlhf-prompts": "trainer.openrlhf.cli:add_prompts_parser",
-    "bench": "agentgym_opsd.bench_commands:add_bench",
-    "report": "agentgym_opsd.bench_commands:add_report",
-    "serve-policy": "agentgym_opsd.bench_commands:add_serve_policy",
-    "demo": "agentgym_opsd.bench_commands:add_demo",
+    "bench": "agentgym_opsd.app.bench_commands:add_bench",
+    "report": "agentgym_opsd.app.bench_commands:add_report",
+    "serve-policy": "agentgym_opsd.app.bench_commands:add_serve_policy",
+    "demo": "agentgym_opsd.app.bench_commands:add_demo",
     "train": "trainer.train_cli:add_parser",
 }
 
 
-class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise CliError(f"{self.prog}: {message} (see `{self.prog} --help`)")
-
-
-def parse_options(pairs: list[str] | None) -> dict[str, Any]:
-    """`KEY=VALUE` strings to keyword arguments; values are read as JSON when they parse (3, 0.5,
-    true, null, [1,2]) and as plain strings otherwise."""
-    out: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key.isidentifier():
-            raise CliError(f"--option {pair!r}: write it as KEY=VALUE, e.g. --option split=valid_seen")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def build_agent(name: str, *, seed: int = 0, cpu_threads: int | None = None):
-    """`make_agent`, then `--cpu-threads` applied to a model-backed agent (None: the agent's own
-    choice, which for `hf:` is `cpu_threads=auto`)."""
-    if cpu_threads is not None and cpu_threads < 0:
-        raise CliError(f"--cpu-threads must be >= 0, got {cpu_threads}")
-    agent = make_agent(name, seed=seed)
-    model = getattr(agent, "model", None)
-    if cpu_threads is not None and model is not None and hasattr(model, "parameters"):
-        from trainer.policy import pin_cpu_threads
-
-        pin_cpu_threads(model, cpu_threads)
-    return agent
-
-
-CPU_THREADS_HELP = ("torch CPU threads for hf: agents (default: 1 for tiny models under 50M parameters, torch's "
-                    "own setting for larger ones; 0 leaves torch's setting)")
-
-
-def make_env_factory(env_id: str, options: dict[str, Any]):
-    """A function that builds the env, after checking the options against the env's keywords
-    (`check_env_options`) and one trial build; a bad option is a one-line CliError that names it."""
-    entry(env_id)
-    try:
-        check_env_options(env_id, options)
-    except EnvOptionError as e:
-        raise CliError(str(e)) from None
-
-    def factory() -> gym.Env:
-        return make(env_id, **options)
-
-    try:
-        factory().close()
-    except (TypeError, ValueError) as e:
-        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "none"
-        raise CliError(f"{env_id}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__} "
-                       f"(options: {given}; `agentgym-opsd list --options {env_id}` lists them)") from None
-    return factory
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +142,7 @@ def _cmd_play(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
-        raise CliError("--episodes must be >= 1")
+        raise UsageError("--episodes must be >= 1")
     options = parse_options(args.option)
     factory = make_env_factory(args.env_id, options)
     agent = build_agent(args.agent, seed=args.seed, cpu_threads=args.cpu_threads)
@@ -239,7 +178,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(format_table(summary))
     print(f"wrote {path} and {out / 'summary.json'}")
     if episodes and all(e.error for e in episodes):
-        raise CliError(f"every episode failed; the first: {episodes[0].error}")
+        raise UsageError(f"every episode failed; the first: {episodes[0].error}")
     return 0
 
 
@@ -281,11 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
             getattr(importlib.import_module(module), attr)(sub)
         except ImportError as e:  # a command whose dependencies are missing is reported when used
             p = sub.add_parser(name, help=f"(unavailable: {e})")
-            p.set_defaults(func=lambda a, e=e, n=name: (_ for _ in ()).throw(CliError(f"{n}: unavailable here: {e}")))
+            p.set_defaults(func=lambda a, e=e, n=name: (_ for _ in ()).throw(UsageError(f"{n}: unavailable here: {e}")))
     return parser
 
 
-_USER_ERRORS = (CliError, UnknownEnvError, EnvUnavailable, AgentError, DataFileError, FileNotFoundError, ValueError, gym.error.Error)
+_USER_ERRORS = (UsageError, UnknownEnvError, EnvUnavailable, AgentError, DataFileError, FileNotFoundError, ValueError, gym.error.Error)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,8 +245,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m agentgym_opsd.cli` runs this file as __main__: call the imported module's main, so
-    # that CliError raised by command modules (which import agentgym_opsd.cli) is the one caught.
-    from agentgym_opsd.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

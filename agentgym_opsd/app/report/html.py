@@ -1,4 +1,4 @@
-"""Render a run folder as one self-contained HTML page (see `agentgym_opsd.report`)."""
+"""Render a run folder as one self-contained HTML page (see `agentgym_opsd.app.report`)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.app.report.credit import episode_credit, merge_credit_file
+from agentgym_opsd.app.results import COUNTING_NOTE, subset_rows
 from agentgym_opsd.episode import Episode, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_text, read_jsonl_numbered
-from agentgym_opsd.bench import COUNTING_NOTE, subset_rows
 from agentgym_opsd.summary import episodes_cell
-from agentgym_opsd.report.credit import episode_credit, merge_credit_file
 
 __all__ = ["RunData", "load_run", "render_report", "write_report"]
 

@@ -1,0 +1,25 @@
+"""Building agents from the command line: `--agent NAME` and `--cpu-threads N`."""
+
+from __future__ import annotations
+
+from agentgym_opsd.agents import make_agent
+from agentgym_opsd.usage import UsageError
+
+__all__ = ["build_agent", "CPU_THREADS_HELP"]
+
+def build_agent(name: str, *, seed: int = 0, cpu_threads: int | None = None):
+    """`make_agent`, then `--cpu-threads` applied to a model-backed agent (None: the agent's own
+    choice, which for `hf:` is `cpu_threads=auto`)."""
+    if cpu_threads is not None and cpu_threads < 0:
+        raise UsageError(f"--cpu-threads must be >= 0, got {cpu_threads}")
+    agent = make_agent(name, seed=seed)
+    model = getattr(agent, "model", None)
+    if cpu_threads is not None and model is not None and hasattr(model, "parameters"):
+        from trainer.policy import pin_cpu_threads
+
+        pin_cpu_threads(model, cpu_threads)
+    return agent
+
+
+CPU_THREADS_HELP = ("torch CPU threads for hf: agents (default: 1 for tiny models under 50M parameters, torch's "
+                    "own setting for larger ones; 0 leaves torch's setting)")

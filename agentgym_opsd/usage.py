@@ -1,0 +1,59 @@
+"""What command lines of any folder share: one-line user errors and `KEY=VALUE` options.
+
+A command's `add_parser(subparsers)` function (trainer, retrieval index, env families: the app's
+command table `agentgym_opsd.app.cli.COMMANDS` names them) raises `UsageError` for a user's mistake;
+the app prints it as one line and exits with status 2. `parse_options` reads `--option KEY=VALUE`
+pairs, `make_env_factory` checks an env's options before a run starts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gymnasium as gym
+
+from agentgym_opsd.registry import EnvOptionError, check_env_options, entry, make
+
+__all__ = ["UsageError", "parse_options", "make_env_factory"]
+
+
+class UsageError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    """`KEY=VALUE` strings to keyword arguments; values are read as JSON when they parse (3, 0.5,
+    true, null, [1,2]) and as plain strings otherwise."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--option {pair!r}: write it as KEY=VALUE, e.g. --option split=valid_seen")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def make_env_factory(env_id: str, options: dict[str, Any]):
+    """A function that builds the env, after checking the options against the env's keywords
+    (`check_env_options`) and one trial build; a bad option is a one-line UsageError that names it."""
+    entry(env_id)
+    try:
+        check_env_options(env_id, options)
+    except EnvOptionError as e:
+        raise UsageError(str(e)) from None
+
+    def factory() -> gym.Env:
+        return make(env_id, **options)
+
+    try:
+        factory().close()
+    except (TypeError, ValueError) as e:
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "none"
+        raise UsageError(f"{env_id}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__} "
+                       f"(options: {given}; `agentgym-opsd list --options {env_id}` lists them)") from None
+    return factory
