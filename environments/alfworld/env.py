@@ -14,12 +14,13 @@ Privileged, for the trainer and reports: `expert_action()` (the planner expert's
 `state_key()` (a hash of the engine's current facts).
 
 Turn labels (`turn_labels=True`; privileged, for evaluating credit): `hindsight().details["turn_labels"]`
-holds one dict per turn: `delta`, the change the turn made to the length of the expert's plan from the
-state it was taken in (-1 for a step of a shortest-so-far plan, 0 for a wasted turn such as `look` or
-any invalid turn, > 0 for a turn that undid progress); `progress` (`delta < 0`); `expert_action`, the
-expert's next command in that state; `plan_length_before` and `plan_length_after`. Where the expert has
-no plan, `delta` is None and `progress` says whether the turn solved the task. Planning costs one
-expert plan per new state, paid only when the labels are on.
+holds one dict per turn: `delta`, the change the turn made to the length of the expert's plan (-1 for
+each of the expert's own commands, 0 for a wasted turn such as `look` and for every invalid turn, > 0
+for a turn that undid progress, < -1 only for a shortcut the greedy planner missed); `progress`
+(`delta < 0`); `expert_action`, the expert's next command in the state the turn was taken in;
+`plan_length_before` and `plan_length_after`. Where the expert has no plan, `delta` is None and
+`progress` says whether the turn solved the task. It costs one expert plan per new state, paid only
+when the labels are on.
 """
 
 from __future__ import annotations
