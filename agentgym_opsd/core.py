@@ -139,6 +139,15 @@ class Hindsight:
             answers and supporting passages (Search-QA), the target product and goal attributes
             (WebShop).
         details: structured facts behind the reference (JSON-serialisable).
+
+    Optional key of `details`, from envs built with `turn_labels=True` (see `TextEnv`):
+        "turn_labels": one dict per turn played so far, in order (the k-th is turn k): the env's
+            oracle verdict on whether the turn helped, for evaluating credit, never for the agent.
+            Every entry holds `turn` (int), `progress` (bool: the turn moved the episode toward
+            success), `delta` (signed number or None: the change the turn made to the distance to
+            success, < 0 progress, 0 wasted, > 0 regress; None where the env cannot measure it) and
+            `expert_action` (str or None: what `StepInfo.action` would have read had the env's
+            expert played this turn from the same state); each env documents its further keys.
     """
 
     success: bool
@@ -205,6 +214,12 @@ class TextEnv(gym.Env[str, str]):
         admissible_actions() -> list[str] | None, expert_action() -> str | None,
         _invalid(parsed) -> str (the observation after a malformed turn),
         format_action(action) -> str (how a scripted agent writes an action).
+    Turn labels (optional; privileged, for evaluating credit): an env that can tell after the fact
+    whether a turn helped implements `_label_turn` (and `_label_context` when it needs the state
+    before the turn). Built with `turn_labels=True`, it gets `self.turn_labels`, a list that `step`
+    fills with one label per turn (malformed turns included) and `reset` empties; its `hindsight()`
+    puts a copy under `details["turn_labels"]` (see `Hindsight`). Off by default (`self.turn_labels`
+    is None): the hooks are then never called and normal rollouts pay nothing for them.
 
     Class attributes:
         instructions: the system prompt: task rules and the action format.
@@ -239,7 +254,12 @@ class TextEnv(gym.Env[str, str]):
         max_turns: int | None = None,
         allow_bare_action: bool | None = None,
         render_mode: str | None = None,
+        turn_labels: bool = False,
     ) -> None:
+        if turn_labels and type(self)._label_turn is TextEnv._label_turn:
+            raise ValueError(
+                f"turn_labels=True: {type(self).__name__} cannot label turns (it implements no _label_turn)"
+            )
         if max_turns is not None:
             if int(max_turns) < 1:
                 raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -255,6 +275,7 @@ class TextEnv(gym.Env[str, str]):
         self.episode_id = ""
         self.done = True
         self.last_observation = ""
+        self.turn_labels: list[dict[str, Any]] | None = [] if turn_labels else None
 
     # ----------------------------------------------------------------------------------------
     # To implement in subclasses.
@@ -305,6 +326,25 @@ class TextEnv(gym.Env[str, str]):
         """The observation after a malformed turn."""
         return f"{self.invalid_observation} ({parsed.error})"
 
+    def _label_context(self) -> Any:
+        """What `_label_turn` needs to know about the state a turn is taken in (the expert's plan, the
+        page), read just before the turn is played; called only with `turn_labels=True`."""
+        return None
+
+    def _label_turn(self, parsed: ParsedAction, transition: Transition, before: Any) -> dict[str, Any]:
+        """The oracle label of the turn just played (privileged; called only with `turn_labels=True`).
+
+        Args:
+            parsed: the turn as read (`parsed.ok` is False for a malformed turn).
+            transition: what the turn did (a malformed turn's is an invalid step).
+            before: what `_label_context()` returned before the turn.
+
+        Returns:
+            A JSON-serialisable dict with at least `progress`, `delta` and `expert_action` (see
+            `Hindsight`); `turn` is added by `step`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no turn labels")
+
     def task_index(self, task_id: str) -> int:
         """The index of `task_id` (for `reset(options={"task_id": ...})`)."""
         raise KeyError(f"{type(self).__name__} cannot look tasks up by id")
@@ -345,6 +385,8 @@ class TextEnv(gym.Env[str, str]):
             index = int(seed) % n
         self.turn = 0
         self.done = False
+        if self.turn_labels is not None:
+            self.turn_labels = []
         observation = self._load_task(index, options)
         self.episode_id = str(options.get("episode_id") or f"{self.task_id}@{seed}")
         self.last_observation = observation
@@ -366,11 +408,14 @@ class TextEnv(gym.Env[str, str]):
         if not response.isascii():
             response = response.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?"
         parsed = self.parse_action(response)
+        before = self._label_context() if self.turn_labels is not None else None
         self.turn += 1
         if parsed.ok:
             transition = self._apply(parsed)
         else:
             transition = Transition(self._invalid(parsed), 0.0, False, admissible=False)
+        if self.turn_labels is not None:
+            self.turn_labels.append({"turn": self.turn, **self._label_turn(parsed, transition, before)})
         terminated = bool(transition.terminated)
         truncated = not terminated and self.turn >= self.max_turns
         self.done = terminated or truncated

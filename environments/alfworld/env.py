@@ -12,6 +12,15 @@ Data (`source=`): `embedded` (default) plays the generated panel (see `panel.py`
 Privileged, for the trainer and reports: `expert_action()` (the planner expert's next command),
 `hindsight()` (goal, task type, the expert's plan from the current state and from the start, success),
 `state_key()` (a hash of the engine's current facts).
+
+Turn labels (`turn_labels=True`; privileged, for evaluating credit): `hindsight().details["turn_labels"]`
+holds one dict per turn: `delta`, the change the turn made to the length of the expert's plan (-1 for
+each of the expert's own commands, 0 for a wasted turn such as `look` and for every invalid turn, > 0
+for a turn that undid progress, < -1 only for a shortcut the greedy planner missed); `progress`
+(`delta < 0`); `expert_action`, the expert's next command in the state the turn was taken in;
+`plan_length_before` and `plan_length_after`. Where the expert has no plan, `delta` is None and
+`progress` says whether the turn solved the task. It costs one expert plan per new state, paid only
+when the labels are on.
 """
 
 from __future__ import annotations
@@ -122,6 +131,8 @@ class AlfWorldEnv(TextEnv):
         reward_scale: the reward for solving the task.
         admissible_in_observation: append the admissible commands to every observation.
         normalize_commands: match commands case- and whitespace-insensitively ("Go to  Desk 1").
+        turn_labels: label every turn by the change in the expert's remaining plan length, in
+            `hindsight().details["turn_labels"]` (see the module docstring; off by default).
         max_turns, allow_bare_action, render_mode: see `TextEnv`.
     """
 
@@ -147,11 +158,14 @@ class AlfWorldEnv(TextEnv):
         admissible_in_observation: bool = False,
         normalize_commands: bool = True,
         progress: bool = True,
+        turn_labels: bool = False,
         max_turns: int | None = None,
         allow_bare_action: bool | None = None,
         render_mode: str | None = None,
     ) -> None:
-        super().__init__(max_turns=max_turns, allow_bare_action=allow_bare_action, render_mode=render_mode)
+        super().__init__(
+            max_turns=max_turns, allow_bare_action=allow_bare_action, render_mode=render_mode, turn_labels=turn_labels
+        )
         if split not in SPLITS:
             raise ValueError(f"split={split!r}: use one of {', '.join(SPLITS)}")
         self.task_types = _as_task_types(task_types)
@@ -277,7 +291,28 @@ class AlfWorldEnv(TextEnv):
             "moves": self.engine.moves,
             "won": won,
         }
+        if self.turn_labels is not None:
+            details["turn_labels"] = [dict(label) for label in self.turn_labels]
         return Hindsight(won, 1.0 if won else 0.0, "\n".join(lines), details)
+
+    def _label_context(self) -> list[str] | None:
+        return self._expert_plan()
+
+    def _label_turn(self, parsed: ParsedAction, transition: Transition, before: list[str] | None) -> dict[str, Any]:
+        if not transition.admissible:
+            after = before  # "Nothing happens.": the state did not change
+        elif self.engine.won:
+            after = []
+        else:
+            after = self._expert_plan()
+        delta = None if before is None or after is None else len(after) - len(before)
+        return {
+            "progress": bool(self.engine.won and transition.admissible) if delta is None else delta < 0,
+            "delta": delta,
+            "expert_action": before[0] if before else None,
+            "plan_length_before": None if before is None else len(before),
+            "plan_length_after": None if after is None else len(after),
+        }
 
     def close(self) -> None:
         self.engine.close()

@@ -12,6 +12,13 @@ index is started in a child process, shared by every env of the process); for th
 own cached index, served the same way; otherwise $AGENTGYM_RETRIEVAL_URL or http://127.0.0.1:8000.
 A server that is down or dies mid-episode raises `RetrievalServerDown` (an `EnvUnavailable`) that
 says how to start it; it never hangs (bounded retries and timeouts).
+
+Turn labels (`turn_labels=True`; privileged, for evaluating credit): `hindsight().details["turn_labels"]`
+holds one dict per turn: `progress` (a search whose top-k passages contain a gold answer, as whole words
+after SQuAD normalisation, or an exactly correct answer), `delta` (-1 for progress, 0 otherwise), `event`
+(`search_found_answer`, `correct_answer`, `wrong_answer` or None), `answer_rank` (the rank of the first
+passage holding a gold answer, for searches), `supporting_titles_hit` (the supporting passages' titles
+this search returned, for multi-hop sets) and `expert_action` (the oracle's query or answer).
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ class SearchQAEnv(TextEnv):
         max_query_chars: longer queries are cut to this length before searching.
         limit: keep the first `limit` questions.
         check_server: ask the server's /health when the env is built (a clear error early).
+        turn_labels: label every turn in `hindsight().details["turn_labels"]` (see the module docstring).
     """
 
     action_tags = ("search", "answer")
@@ -91,9 +99,10 @@ class SearchQAEnv(TextEnv):
         max_query_chars: int = 1000,
         limit: int | None = None,
         check_server: bool = True,
+        turn_labels: bool = False,
         render_mode: str | None = None,
     ) -> None:
-        super().__init__(max_turns=max_turns, render_mode=render_mode)
+        super().__init__(max_turns=max_turns, render_mode=render_mode, turn_labels=turn_labels)
         if not 1 <= int(topk) <= 100:
             raise ValueError(f"topk must be in [1, 100], got {topk}")
         if int(max_query_chars) < 1:
@@ -238,7 +247,34 @@ class SearchQAEnv(TextEnv):
             "answer_in_retrieved": answer_seen,
             "supporting_titles_retrieved": support_found,
         }
+        if self.turn_labels is not None:
+            details["turn_labels"] = [dict(label) for label in self.turn_labels]
         return Hindsight(scores["em"] == 1.0, float(scores["f1"]), "\n".join(lines), details)
+
+    def _label_context(self) -> str | None:
+        turn = self.expert_action()
+        return None if turn is None else self.parse_action(turn).content
+
+    def _label_turn(self, parsed: ParsedAction, transition: Transition, before: str | None) -> dict[str, Any]:
+        assert self.example is not None
+        label: dict[str, Any] = {
+            "expert_action": before, "event": None, "answer_rank": None, "supporting_titles_hit": []
+        }  # fmt: skip
+        if parsed.ok and parsed.kind == "search":
+            passages = dict(zip(self.seen_ids, self.seen_passages, strict=True))
+            hits = [passages[docid] for docid in transition.info["retrieved_ids"]]
+            # Gold answers as whole words: " 1 " is in " born on 1 may " but not in " born in 1990 ".
+            gold = [f" {g} " for g in (normalize_answer(a) for a in self.example.answers) if g]
+            texts = [f" {normalize_answer(p)} " for p in hits]
+            rank = next((i for i, text in enumerate(texts, 1) if any(g in text for g in gold)), None)
+            titles = {split_title(p)[0] for p in hits}
+            label["answer_rank"] = rank
+            label["supporting_titles_hit"] = [t for t in self.example.supporting_titles if t in titles]
+            label["event"] = None if rank is None else "search_found_answer"
+        elif parsed.ok:  # an answer
+            label["event"] = "correct_answer" if (self.scores or {}).get("em") == 1.0 else "wrong_answer"
+        progress = label["event"] in ("search_found_answer", "correct_answer")
+        return {"progress": progress, "delta": -1 if progress else 0, **label}
 
     def expert_action(self) -> str | None:
         """The oracle: search the question once (checks retrieval end to end), then give the gold answer."""

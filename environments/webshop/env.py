@@ -21,10 +21,28 @@ Options (keyword arguments of `gymnasium.make("agentgym/WebShop-v0", ...)`):
     index_dir: where the search index is kept (default: a cache folder, see `search.py`).
     type_tagger: "builtin", "spacy" or "spacy:MODEL" (the noun tagger of the type reward, see `reward.py`).
     show_attrs: show the "Attributes" button on item pages (WebShop's `show_attrs`, off by default).
+    turn_labels: label every turn, in `hindsight().details["turn_labels"]` (off by default; below).
+
+Turn labels (privileged, for evaluating credit): one dict per turn with `progress`, `delta` (-1 for
+progress, +1 for a turn that undid progress, 0 otherwise), `expert_action` (the goal-driven expert's
+action in the state the turn was taken in) and `event`, one of (None for the rest, invalid turns too):
+
+| event | delta | the turn |
+|---|---|---|
+| search_found_target | -1 | searched, and the results (all pages) hold the target product |
+| page_toward_target | -1 | turned the results page toward the page that lists the target |
+| clicked_target | -1 | opened the target's item page from the results |
+| chose_goal_option | -1 | on the target's page, chose a value that matches one more goal option |
+| bought_target | -1 | clicked Buy Now on the target (whatever the options) |
+| page_away_from_target | +1 | turned the results page away from the page that lists the target |
+| unchose_goal_option | +1 | on the target's page, replaced a value that matched a goal option |
+| left_target | +1 | left the target's item page, or left results that list it for the search page |
+| bought_other | 0 | bought another product |
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -93,11 +111,14 @@ class WebShopEnv(TextEnv):
         index_dir: str | Path | None = None,
         type_tagger: str = "builtin",
         show_attrs: bool = False,
+        turn_labels: bool = False,
         max_turns: int | None = None,
         allow_bare_action: bool | None = None,
         render_mode: str | None = None,
     ) -> None:
-        super().__init__(max_turns=max_turns, allow_bare_action=allow_bare_action, render_mode=render_mode)
+        super().__init__(
+            max_turns=max_turns, allow_bare_action=allow_bare_action, render_mode=render_mode, turn_labels=turn_labels
+        )
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.world: WebShopWorld = get_world(
@@ -298,8 +319,62 @@ class WebShopEnv(TextEnv):
             lines.append(_explain(purchase, goal))
             details["purchased"] = {"asin": bought.asin, "title": bought.title, "options": dict(self.session.options)}
             details["reward_info"] = purchase.to_dict()
+        if self.turn_labels is not None:
+            details["turn_labels"] = [dict(label) for label in self.turn_labels]
         score = purchase.reward if purchase is not None else 0.0
         return Hindsight(purchase is not None and purchase.reward == 1.0, float(score), "\n".join(lines), details)
+
+    # ------------------------------------------------------------------------------------------
+    # Turn labels (privileged; see the module docstring).
+
+    def _label_context(self) -> tuple[Session, str | None]:
+        return dataclasses.replace(self.session, options=dict(self.session.options)), self._expert_next()
+
+    def _label_turn(
+        self, parsed: ParsedAction, transition: Transition, before: tuple[Session, str | None]
+    ) -> dict[str, Any]:
+        was, expert = before
+        event = None
+        if parsed.ok and transition.admissible:
+            verb = _ACTION.match(parsed.content or "")  # a valid turn is search[...] or click[...]
+            event = self._turn_event(was, verb is not None and verb.group(1).lower() == "search", transition.terminated)
+        delta = _EVENT_DELTA.get(event, 0)
+        return {"progress": delta < 0, "delta": delta, "expert_action": expert, "event": event}
+
+    def _turn_event(self, was: Session, searched: bool, bought: bool) -> str | None:
+        """What a valid turn did relative to the target product (`was`: the session before it)."""
+        assert self.goal is not None
+        s, target = self.session, self.goal.asin
+        if searched:
+            return "search_found_target" if target in s.results else None
+        if bought:
+            return "bought_target" if s.asin == target else "bought_other"
+        at_target_before = was.page in (ITEM, SUB) and was.asin == target
+        at_target_after = s.page in (ITEM, SUB) and s.asin == target
+        if at_target_after and not at_target_before:
+            return "clicked_target"
+        if at_target_before and not at_target_after:
+            return "left_target"
+        if at_target_before:
+            matched_before = self._goal_options_matched(was.options)
+            matched_after = self._goal_options_matched(s.options)
+            if matched_after != matched_before:
+                return "chose_goal_option" if matched_after > matched_before else "unchose_goal_option"
+            return None
+        if was.page == RESULTS and target in was.results:
+            if s.page == SEARCH:
+                return "left_target"
+            if s.page == RESULTS and s.page_number != was.page_number:
+                wanted = was.results.index(target) // PRODUCTS_PER_PAGE + 1
+                closer = abs(wanted - s.page_number) < abs(wanted - was.page_number)
+                return "page_toward_target" if closer else "page_away_from_target"
+        return None
+
+    def _goal_options_matched(self, options: dict[str, str]) -> int:
+        assert self.goal is not None
+        if not self.goal.goal_options:
+            return 0
+        return option_reward(list(options.values()), self.goal.goal_options)[1]
 
     # ------------------------------------------------------------------------------------------
     # The expert (privileged: reads the goal and the search engine).
@@ -395,6 +470,19 @@ class WebShopEnv(TextEnv):
                 if matched == n_wanted:
                     break
         return best_options, self.world.reward(goal, product.asin, best_options).reward
+
+
+_EVENT_DELTA = {
+    "search_found_target": -1,
+    "page_toward_target": -1,
+    "clicked_target": -1,
+    "chose_goal_option": -1,
+    "bought_target": -1,
+    "page_away_from_target": 1,
+    "unchose_goal_option": 1,
+    "left_target": 1,
+    "bought_other": 0,
+}
 
 
 def _greedy_options(product: Product, goal: Goal) -> dict[str, str]:
