@@ -40,6 +40,7 @@ class TrainConfig:
         teacher_mode, teacher_refresh)
         eval_every, eval_episodes, eval_seed, eval_temperature: the held-out panel.
         save_every: checkpoint every N updates (and at the end); 0: never (the run cannot be resumed).
+        credit_records: write what each update's credit gave each turn to credit.jsonl (for the report).
         cpu_threads: torch threads on CPU (0: torch's default). One by default: a tiny model's ops are
             so small that OpenMP synchronisation dominates, and on a busy machine two threads made
             each small matrix product 100x slower than one.
@@ -88,6 +89,7 @@ class TrainConfig:
     num_envs: int = 0
     cpu_threads: int = 1
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    credit_records: bool = True
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -135,4 +137,4 @@ class TrainConfig:
 
 
 # Settings a resumed run may change (the rest must match the checkpoint's run).
-RESUMABLE_CHANGES = {"steps", "eval_every", "save_every", "out", "device", "num_envs", "cpu_threads"}
+RESUMABLE_CHANGES = {"steps", "eval_every", "save_every", "out", "device", "num_envs", "cpu_threads", "credit_records"}

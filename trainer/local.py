@@ -384,6 +384,11 @@ class LocalTrainer:
         old_logp = self.logprobs(self.model, rows)
         consistency = sampling_consistency(rows, old_logp)
         advantages, diagnostics, extra = self.advantages(played, rows, old_logp)
+        if self.config.credit_records:  # what this update gives each turn, for the report (trainer.credit_records)
+            from trainer.credit_records import update_credit_records
+
+            append_jsonl(self.out / "credit.jsonl", update_credit_records(
+                played, rows, self.last_credit, method=self.config.method, update=self.step + 1, tokenizer=self.tokenizer))
         scoring_seconds = time.perf_counter() - t0
         ref_logp = self.logprobs(self.reference_model, rows) if self.reference_model is not None else None
 
@@ -441,7 +446,8 @@ class LocalTrainer:
 
     def advantages(self, episodes, rows, old_logp, scores=None) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
         """Per-token advantages from the credit core (`compute_advantages`), its diagnostics, and
-        extra metrics (the teacher's cost). `scores`: the teacher's, when already computed."""
+        extra metrics (the teacher's cost). `scores`: the teacher's, when already computed. The
+        call's intermediates (`CreditParts`) are kept in `self.last_credit` for the credit records."""
         from trainer.credit import compute_advantages
 
         extra: dict[str, Any] = {}
@@ -455,7 +461,7 @@ class LocalTrainer:
                        "teacher_truncated": scores.truncated}
             extra.update(scores.stats())
         batch = rows.credit_batch(student_logprobs=old_logp, **teacher)
-        advantages, diagnostics = compute_advantages(batch, self.credit, self.step)
+        advantages, diagnostics, self.last_credit = compute_advantages(batch, self.credit, self.step, return_parts=True)
         return advantages, diagnostics, extra
 
     def learning_rate(self, update: int) -> float:
@@ -657,16 +663,20 @@ class LocalTrainer:
         self._truncate_metrics()
 
     def _truncate_metrics(self) -> None:
-        """Drop what a killed run logged after its last checkpoint (it will be redone)."""
+        """Drop what a killed run logged after its last checkpoint (it will be redone): metrics, and
+        the credit records of updates after it."""
         path = self.out / "metrics.jsonl"
-        if not path.exists():
-            return
-        keep = []
-        for _, record in read_jsonl_numbered(path, skip_torn_lines=True):
-            step = int(record.get("step", 0))
-            if step < self.step or (step == self.step and self._logged_before_checkpoint(record)):
-                keep.append(record)
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
+        if path.exists():
+            keep = []
+            for _, record in read_jsonl_numbered(path, skip_torn_lines=True):
+                step = int(record.get("step", 0))
+                if step < self.step or (step == self.step and self._logged_before_checkpoint(record)):
+                    keep.append(record)
+            atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
+        credit = self.out / "credit.jsonl"
+        if credit.exists():
+            kept = [r for _, r in read_jsonl_numbered(credit, skip_torn_lines=True) if int(r.get("update", 0)) <= self.step]
+            atomic_write_text(credit, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
 
     def _logged_before_checkpoint(self, record: dict[str, Any]) -> bool:
         kind = record.get("kind")

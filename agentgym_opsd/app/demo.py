@@ -4,7 +4,8 @@
 2. Build the built-in Search-QA index (synthetic corpus) and start its retrieval server on loopback.
 3. Warm-start a tiny Qwen3 (its tokenizer trained on the env's text) on expert episodes, then train
    it further with GRPO and with StepOPSD side by side on one ALFWorld subset (same start, seeds and
-   budget). The last update's per-turn credit is recorded for the report (`credit.jsonl`).
+   budget). The trainer records each update's per-turn credit for the report (`credit.jsonl`): the
+   demo computes no credit of its own.
 4. Benchmark expert, random and the three tiny policies (the warm start, and the models GRPO and
    StepOPSD trained from it) on the six ALFWorld subsets and on Search-QA.
 5. Write one HTML report (tables, charts, training curves, trajectories with their credit) and say
@@ -18,7 +19,6 @@ own bar below it.
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from collections.abc import Sequence
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoSettings", "run_demo", "credit_records"]
+__all__ = ["DemoSettings", "run_demo"]
 
 TRAIN_ENV = "agentgym/ALFWorld-Pick-v0"
 SEARCHQA_ENV = "agentgym/SearchQA-Synthetic-v0"
@@ -228,144 +228,9 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
                 tasks_per_step=settings.tasks_per_step, group_size=settings.group_size, eval_every=settings.steps,
                 save_every=0, **common,
             )
-            trainer = LocalTrainer(config, progress=progress)
-            views = ("grpo",) if method == "grpo" else ("stepopsd", "agentopsd")
-
-            def record_credit(trainer: Any, episodes: list, run_dir: Path = run_dir, views: tuple = views) -> None:
-                """After the last update's rollout: the credit that update assigns, per turn."""
-                if trainer.step + 1 != trainer.config.steps:
-                    return
-                from agentgym_opsd.io import append_jsonl
-
-                cfg = trainer.config
-                records = credit_records(
-                    [e for e in episodes if e.error is None], policy=trainer.model, teacher=trainer.teacher(),
-                    tokenizer=trainer.tokenizer, env_id=cfg.env_id, methods=views, step=trainer.step,
-                    update=trainer.step + 1, overrides={cfg.method: dict(cfg.credit)},
-                    chat_template_kwargs=cfg.chat_template_kwargs, micro_batch_tokens=cfg.micro_batch_tokens,
-                )
-                append_jsonl(run_dir / "credit.jsonl", records)
-
-            trainer.hooks["after_rollout"].append(record_credit)
+            trainer = LocalTrainer(config, progress=progress)  # it writes each update's credit (credit.jsonl)
             trainer.run()
         stages.done()
     return {name: out / folder / "model" for folder, name in POLICIES.items()}
 
 
-# ---------------------------------------------------------------------------------------------
-# Per-turn credit of one update, in the report's format (agentgym_opsd/report/credit.py).
-
-
-def credit_records(
-    episodes: Sequence[Any],
-    *,
-    policy: Any,
-    teacher: Any,
-    tokenizer: Any,
-    env_id: str,
-    methods: Sequence[str],
-    step: int = 0,
-    update: int | None = None,
-    overrides: dict[str, dict[str, Any]] | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
-    micro_batch_tokens: int = 16384,
-) -> list[dict[str, Any]]:
-    """What each credit method gives each turn of `episodes`, computed as a trainer's update does:
-    token rows (`trainer.rows.build_rows`), the policy's log-probs lp_S, the teacher's log-probs lp_T
-    with privileged context (`trainer.teacher.score_teacher`), and the credit core for the advantages
-    (`compute_advantages`) and their per-turn parts (gap e_k, StepOPSD token weights w_t, AgentOPSD
-    belief B_k, dB_k and turn weight w_k) from the core's own functions.
-
-    Args:
-        episodes: finished episodes of complete groups (GRPO normalizes within groups).
-        policy, teacher: the student and teacher causal LMs (the same model for a `live` teacher).
-        methods: credit methods to record (e.g. `("stepopsd", "agentopsd")`).
-        step: the update number (StepOPSD's lam_t schedule).
-        update: stored in each record, to match the trainer's `episodes/update_NNNNN.jsonl`.
-        overrides: `CreditConfig` overrides per method.
-
-    Returns:
-        `credit.jsonl` records: one per episode and method (see `agentgym_opsd.app.report.credit`).
-    """
-    import torch
-
-    from agentgym_opsd.app.report.credit import credit_record
-    from trainer.credit import TurnLayout, compute_advantages, episode_rewards
-    from trainer.credit.agentopsd import belief_path, belief_prior, turn_weights
-    from trainer.credit.evidence import token_gap, turn_evidence
-    from trainer.credit.grpo import broadcast_to_tokens, grpo_episode_advantage
-    from trainer.credit.stepopsd import token_weights
-    from trainer.env_knowledge import credit_config
-    from trainer.rows import build_rows
-    from trainer.teacher import row_logprobs, score_teacher
-
-    episodes = list(episodes)
-    if not episodes:
-        return []
-    records = []
-    for method in methods:
-        config = credit_config(env_id, method, **(overrides or {}).get(method, {}))
-        rows = build_rows(episodes, tokenizer, span_mode=config.span_mode, chat_template_kwargs=chat_template_kwargs or {},
-                          max_length=getattr(policy.config, "max_position_embeddings", None))
-        lp_student = row_logprobs(policy, rows, micro_batch_tokens=micro_batch_tokens)                    # lp_S
-        if config.needs_teacher:
-            scores = score_teacher(teacher, tokenizer, episodes, rows, config, micro_batch_tokens=micro_batch_tokens)
-            batch = rows.credit_batch(lp_student, scores.logprobs, scores.scored, scores.truncated)         # lp_T
-        else:
-            batch = rows.credit_batch(lp_student)
-        advantages, _ = compute_advantages(batch, config, step, diagnostics=False)                         # A~
-        layout = TurnLayout.of(batch)
-        A_episode = grpo_episode_advantage(episode_rewards(batch, config), batch.episode_group, config.adv_eps)  # A_i
-        A = broadcast_to_tokens(A_episode, layout)
-        turn_adv = layout.turn_sum(layout.take(advantages)) / layout.turn_count().clamp(min=1)            # mean A~ of turn k
-        gap = weights = delta = belief = d_belief = turn_w = None
-        if config.needs_teacher:
-            scored = layout.span if batch.teacher_scored is None else layout.span & layout.take(batch.teacher_scored)
-            delta = token_gap(layout.take(batch.teacher_logprobs), layout.take(batch.student_logprobs), scored, config.max_abs_gap)
-            gap = turn_evidence(delta, layout, scored)                                                    # e_k
-            if method == "stepopsd":
-                weights = token_weights(A, delta, layout.span, config.alpha_clip)                         # w_t
-            if method == "agentopsd":
-                prior = batch.success if config.prior == "success" else episode_rewards(batch, config)
-                B = belief_path(belief_prior(prior, batch.episode_group, config.eps0), gap, layout.exists, config.belief_gamma)
-                belief, d_belief = B[:, 1:], B[:, 1:] - B[:, :-1]                                         # B_k, dB_k
-                turn_w, _ = turn_weights(d_belief, torch.sign(A_episode), layout.exists, config.b)        # w_k
-        token_ids = rows.input_ids.reshape(-1)[layout.index]
-        for e, episode in enumerate(episodes):
-            K = episode.num_turns
-            spans: list[Any] = [None] * K
-            tokens: list[Any] = [None] * K
-            if weights is not None:
-                for k in range(K):
-                    mine = ((layout.turn == e * layout.K + k) & layout.span).nonzero().squeeze(1)
-                    if mine.numel() == 0:
-                        continue
-                    pieces = [tokenizer.decode([int(t)]) for t in token_ids[mine]]
-                    tokens[k] = [(p, float(weights[i]), float(delta[i])) for p, i in zip(pieces, mine.tolist(), strict=True)]
-                    spans[k] = _span_of(episode.turns[k].response, "".join(pieces), episode.turns[k].step.action_span)
-
-            def column(table: Any, e: int = e, K: int = K) -> list[float | None] | None:
-                if table is None:
-                    return None
-                return [v if math.isfinite(v) else None for v in (float(x) for x in table[e, :K].tolist())]
-
-            record = credit_record(
-                advantage=float(A_episode[e]), turns=K, gap=column(gap), turn_advantage=column(turn_adv),
-                belief=column(belief), belief_delta=column(d_belief), weight=column(turn_w),
-                spans=spans if weights is not None else None, tokens=tokens if weights is not None else None, update=update,
-            )
-            records.append({"episode_id": episode.episode_id, "method": method, **record})
-    return records
-
-
-def _span_of(response: str, text: str, action_span: Any) -> list[int] | None:
-    """Where the scored tokens' text sits in the response (None when it is not a slice of it)."""
-    if not text:
-        return None
-    if action_span is not None:
-        start = max(0, int(action_span[0]) - 4)
-        found = response.find(text, start)
-        if found >= 0:
-            return [found, found + len(text)]
-    found = response.find(text)
-    return [found, found + len(text)] if found >= 0 else None

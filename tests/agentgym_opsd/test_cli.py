@@ -100,7 +100,7 @@ def test_list_options_shows_an_envs_keywords_with_defaults_and_meaning() -> None
     r = run_cli("list", "--options", "example/GuessNumber-v0")
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line for line in r.stdout.splitlines()[2:]}
-    assert set(rows) == {"high", "max_turns", "allow_bare_action", "render_mode"} and rows["high"].split()[1] == "20"
+    assert set(rows) == {"high", "max_turns", "allow_bare_action", "render_mode", "turn_labels"} and rows["high"].split()[1] == "20"
     assert "turns before the episode is truncated" in rows["max_turns"]  # TextEnv's docstring
     r = run_cli("list", "--options", "example/GuesNumber-v0")
     assert r.returncode == 2 and "did you mean example/GuessNumber-v0" in r.stderr

@@ -1,6 +1,7 @@
-"""Per-turn credit records for the report, computed with the credit core on real ALFWorld episodes and
-a seeded random tiny Qwen3 (real Qwen3 tokenizer): the parts the report shows agree with the
-advantages the credit core gives and with the spec's formulas."""
+"""Per-turn credit records for the report (`trainer.credit_records`), from the intermediates of the
+very `compute_advantages` call whose advantages an update uses, on real ALFWorld episodes and a
+seeded random tiny Qwen3 (real Qwen3 tokenizer): the parts the report shows agree with the
+advantages and with the spec's formulas, and the local trainer writes them for every update."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, run_episodes
 from agentgym_opsd.agents import ExpertAgent, RandomAgent
-from agentgym_opsd.app.demo import credit_records
 from agentgym_opsd.app.report import check_credit, load_run
 from agentgym_opsd.episode import save_episodes
 from agentgym_opsd.io import append_jsonl
@@ -53,11 +53,27 @@ def model_and_tokenizer():
 
 @pytest.fixture(scope="module")
 def records(episodes, model_and_tokenizer):
+    """One update's credit per method, as the local trainer computes and records it."""
+    from trainer.credit import compute_advantages
+    from trainer.credit_records import update_credit_records
+    from trainer.env_knowledge import credit_config
+    from trainer.rows import build_rows
+    from trainer.teacher import row_logprobs, score_teacher
+
     model, tokenizer = model_and_tokenizer
-    out = credit_records(
-        episodes, policy=model, teacher=model, tokenizer=tokenizer, env_id=ENV, methods=("grpo", "stepopsd", "agentopsd"),
-        step=0, update=1, overrides={"stepopsd": {"budget": False}},
-    )
+    out = []
+    for method in ("grpo", "stepopsd", "agentopsd"):
+        config = credit_config(ENV, method, **({"budget": False} if method == "stepopsd" else {}))
+        rows = build_rows(episodes, tokenizer, span_mode=config.span_mode)
+        student = row_logprobs(model, rows)
+        if config.needs_teacher:
+            scores = score_teacher(model, tokenizer, episodes, rows, config)
+            batch = rows.credit_batch(student, scores.logprobs, scores.scored, scores.truncated)
+        else:
+            batch = rows.credit_batch(student)
+        advantages, _, parts = compute_advantages(batch, config, 0, return_parts=True)
+        assert parts.advantages is advantages  # the records read the update's own advantages
+        out += update_credit_records(episodes, rows, parts, method=method, update=1, tokenizer=tokenizer)
     return {(r["episode_id"], r["method"]): r for r in out}
 
 
@@ -138,3 +154,27 @@ def test_the_report_shows_the_records_beside_the_trainer_episodes(tmp_path, epis
     assert set(shown) == {e.episode_id for e in episodes}
     for episode in shown.values():
         assert set(episode.meta["credit"]) == {"stepopsd", "agentopsd"} and episode.meta["update"] == 1
+
+
+@pytest.mark.parametrize("method", ["stepopsd", "agentopsd"])
+def test_the_local_trainer_records_what_each_update_used(tmp_path, method):
+    """credit.jsonl holds, per update and episode, the credit of the advantages that update trained on."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+    from test_local_train import config
+
+    from agentgym_opsd.io import read_jsonl
+    from trainer.local import LocalTrainer
+
+    run = LocalTrainer(config(tmp_path / "run", method=method, steps=2, max_new_tokens=6), progress=False)
+    run.run()
+    lines = list(read_jsonl(tmp_path / "run" / "credit.jsonl"))
+    assert {r["update"] for r in lines} == {1, 2} and {r["method"] for r in lines} == {method}
+    last = [r for r in lines if r["update"] == 2]
+    episodes = {e["episode_id"]: e for e in read_jsonl(tmp_path / "run" / "episodes" / "update_00002.jsonl")}
+    assert {r["episode_id"] for r in last} == set(episodes)
+    parts = run.last_credit
+    for r in last:
+        assert len(r["turns"]) == len(episodes[r["episode_id"]]["turns"])
+    assert sorted(round(r["advantage"], 5) for r in last) == sorted(round(float(a), 5) for a in parts.A_episode)

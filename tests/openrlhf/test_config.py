@@ -47,12 +47,15 @@ def test_bad_config_files_name_the_problem(tmp_path, text, match):
 
 
 def test_bad_credit_sections_fail_when_resolved():
+    env = "agentgym/ALFWorld-Heat-v0"
     with pytest.raises(ConfigError, match="teacher_mode"):
-        BridgeConfig.from_dict({"credit": {"method": "stepopsd", "teacher_mode": "stale"}}).credit_config("x/Y-v0")
+        BridgeConfig.from_dict({"credit": {"method": "stepopsd", "teacher_mode": "stale"}}).credit_config(env)
     with pytest.raises(ConfigError, match="method"):
-        BridgeConfig.from_dict({"credit": {"method": "ppo"}}).credit_config("x/Y-v0")
+        BridgeConfig.from_dict({"credit": {"method": "ppo"}}).credit_config(env)
     with pytest.raises(ConfigError, match="unexpected keyword|lam_mixx"):
-        BridgeConfig.from_dict({"credit": {"lam_mixx": 0.1}}).credit_config("x/Y-v0")
+        BridgeConfig.from_dict({"credit": {"lam_mixx": 0.1}}).credit_config(env)
+    with pytest.raises(ConfigError, match="no env registered as 'x/Y-v0'"):  # family defaults come from the registry
+        BridgeConfig.from_dict({"credit": {"method": "grpo"}}).credit_config("x/Y-v0")
 
 
 def test_one_family_per_batch_unless_the_config_names_it():

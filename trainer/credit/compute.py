@@ -7,6 +7,7 @@ generate. The diagnostics are spec section 5, as plain floats (and one histogram
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from trainer.credit.gigpo import discounted_returns, gigpo_token_advantage, step
 from trainer.credit.grpo import broadcast_to_tokens, grpo_episode_advantage, outcome_reward
 from trainer.credit.stepopsd import lam_schedule, stepopsd_advantage
 
-__all__ = ["compute_advantages", "episode_rewards"]
+__all__ = ["compute_advantages", "episode_rewards", "CreditParts"]
 
 B0_BINS = 10
 
@@ -80,9 +81,37 @@ def _mean_std(x: torch.Tensor) -> tuple[float, float]:
     return mean, std
 
 
+@dataclass
+class CreditParts:
+    """What `compute_advantages` computed on the way to the advantages (`return_parts=True`): the
+    numbers a report shows, exactly those the update used. Token tensors are [R, T] like the batch,
+    turn tensors [E, K]; None where the method does not define the quantity.
+
+    R: [E] outcome rewards R_i. A_episode: [E] GRPO advantages A_i. advantages: [R, T] A~.
+    A_step: GiGPO's step advantages. delta: the token gap lp_T - lp_S (0 off the scored span);
+    scored: where the teacher scored. evidence: e_k. token_weight: StepOPSD/RLSD w_t (1 off the
+    span); budget: StepOPSD's c_k (1 where not applied). belief: AgentOPSD's B_0..B_K [E, K + 1];
+    belief_delta: dB_k; turn_weight: w_k. lam: the mixing strength used.
+    """
+
+    R: torch.Tensor
+    A_episode: torch.Tensor
+    advantages: torch.Tensor
+    lam: float | None = None
+    A_step: torch.Tensor | None = None
+    delta: torch.Tensor | None = None
+    scored: torch.Tensor | None = None
+    evidence: torch.Tensor | None = None
+    token_weight: torch.Tensor | None = None
+    budget: torch.Tensor | None = None
+    belief: torch.Tensor | None = None
+    belief_delta: torch.Tensor | None = None
+    turn_weight: torch.Tensor | None = None
+
+
 def compute_advantages(
-    batch: CreditBatch, config: CreditConfig, step: int = 0, *, diagnostics: bool = True
-) -> tuple[torch.Tensor, dict[str, Any]]:
+    batch: CreditBatch, config: CreditConfig, step: int = 0, *, diagnostics: bool = True, return_parts: bool = False
+) -> tuple[torch.Tensor, dict[str, Any]] | tuple[torch.Tensor, dict[str, Any], CreditParts]:
     """Per-token advantages for one update.
 
     Args:
@@ -91,10 +120,12 @@ def compute_advantages(
         config: the method and its knobs.
         step: the update number (StepOPSD's lam_t schedule).
         diagnostics: compute the section-5 diagnostics (cheap; off only for benchmarks of the math).
+        return_parts: also return the `CreditParts` (intermediates) of this computation.
 
     Returns:
         (advantages [R, T] float32, 0 on tokens the model did not generate;
-         diagnostics: dict of floats, keys prefixed "credit/", plus "credit/b0_hist" a list of counts).
+         diagnostics: dict of floats, keys prefixed "credit/", plus "credit/b0_hist" a list of counts)
+        [, CreditParts with return_parts].
     """
     method = config.method
     batch.validate(needs_teacher=config.needs_teacher, needs_steps=(method == "gigpo"))
@@ -144,7 +175,21 @@ def compute_advantages(
 
     if diagnostics:
         diag.update(_diagnostics(batch, config, layout, R, A_episode, A, A_out, delta, scored, evidence, parts))
-    return layout.to_rows(A_out), diag
+    advantages = layout.to_rows(A_out)
+    if not return_parts:
+        return advantages, diag
+    result = CreditParts(R=R, A_episode=A_episode, advantages=advantages, lam=diag.get("credit/lam_t"),
+                         A_step=parts.get("A_step"))
+    if delta is not None:
+        result.delta = layout.to_rows(delta)
+        result.scored = layout.to_rows(scored, dtype=torch.bool)
+        result.evidence = evidence if evidence is not None else turn_evidence(delta, layout, scored)
+    if "w" in parts and method in ("stepopsd", "rlsd"):
+        result.token_weight = layout.to_rows(parts["w"]) + (batch.turn_id < 0).to(torch.float32)  # 1 off the generated tokens
+        result.budget = parts.get("c")
+    if method == "agentopsd" and "B" in parts:
+        result.belief, result.belief_delta, result.turn_weight = parts["B"], parts["dB"], parts["w"]
+    return advantages, diag, result
 
 
 def _diagnostics(
