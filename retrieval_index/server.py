@@ -16,15 +16,18 @@ query too long) get HTTP 400 with `{"error": "..."}` saying what is wrong; bodie
 
 Throughput comes from batching: concurrent requests are not searched one by one. While one Lucene
 search runs, the requests that arrive wait in line; the next search takes the whole line (up to
-`max_batch_queries`) as one batch search (see `Batcher`); a larger request is searched in slices of
-that size. Batches
-grow with the load, and no time is spent waiting for a batch to fill. With batching off
-(`--no-batching`) each query is its own Lucene call, as in Search-R1's server: the baseline of
-benchmarks/retrieval_speed.py.
+`max_batch_queries`) in one hold of the JVM lock (see `Batcher`); a larger request is searched in
+slices of that size. Batches grow with the load, and no time is spent waiting for a batch to fill.
+With batching off (`--no-batching`) each request's thread takes the JVM lock for its own queries
+(for comparisons).
 
 One process, one JVM: waitress serves the requests on threads, and every Lucene call holds the
-process-wide JVM lock (see lucene.py). The server binds 127.0.0.1 unless told otherwise; it has no
-authentication, so bind other addresses only on trusted networks.
+process-wide JVM lock (see lucene.py). Waitress reads whole requests in its event loop before a
+thread sees them, so clients that send slowly, stall or never read hold no thread. (Granian, a Rust
+front end, answered one-query requests faster in benchmarks/retrieval_speed.py `--also granian`, but
+it hands a request to a Python thread before the body has arrived: a few dozen slow uploads stall
+it.) The server binds 127.0.0.1 unless told otherwise; it has no authentication, so bind other
+addresses only on trusted networks.
 """
 
 from __future__ import annotations
@@ -272,8 +275,8 @@ def create_app(
         try:
             if batcher is not None:
                 hits = batcher.search(queries, topk)
-            else:  # one Lucene call per query (Search-R1's way): the benchmark's baseline
-                hits = [searcher.search(q, topk) for q in queries]
+            else:  # each request takes the JVM lock for its own queries (--no-batching, for comparisons)
+                hits = searcher.batch_search(queries, topk, threads=1)
         except (ValueError, TypeError) as e:
             return reply({"error": str(e)}, 400)
         except TimeoutError as e:
