@@ -12,7 +12,7 @@ API (a drop-in for Search-R1's retrieval server: its training loop's client runs
     GET /health     -> {"status": "ok", "num_docs": ..., "batching": true, ...}
 
 Bad requests (malformed JSON, wrong types, a missing "queries", too many queries, topk out of bounds, a
-query too long) get HTTP 400 with `{"error": "..."}` saying what is wrong; bodies over the size limit get 413.
+query too long, more passages than one answer may hold) get HTTP 400 with `{"error": "..."}` saying what is wrong; bodies over the size limit get 413.
 
 Throughput comes from batching: concurrent requests are not searched one by one. While one Lucene
 search runs, the requests that arrive wait in line; the next search takes the whole line (up to
@@ -60,6 +60,8 @@ class ServerLimits:
     max_topk: int = 100
     max_query_chars: int = 4096
     max_body_bytes: int = 16 * 1024 * 1024
+    # Passages in one answer (queries x topk): 2,560 x 3 is 7,680; 4,096 x 100 would be ~1 GB of JSON.
+    max_passages: int = 65_536
 
 
 class BadRequest(ValueError):
@@ -211,6 +213,11 @@ def parse_retrieve_request(body: bytes, limits: ServerLimits) -> tuple[list[str]
         raise BadRequest(f'"topk" must be an integer, got {type(topk).__name__}')
     if not 1 <= topk <= limits.max_topk:
         raise BadRequest(f'"topk" must be between 1 and {limits.max_topk}, got {topk}')
+    if len(queries) * topk > limits.max_passages:
+        raise BadRequest(
+            f'{len(queries)} queries x topk {topk} = {len(queries) * topk} passages; at most {limits.max_passages} '
+            "per request: send fewer queries or a smaller topk"
+        )
     return_scores = payload.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise BadRequest(f'"return_scores" must be true or false, got {type(return_scores).__name__}')

@@ -75,6 +75,7 @@ BAD_BODIES = [
     (b'{"queries": ["Paris"], "return_scores": "yes"}', "true or false"),
     (json.dumps({"queries": ["Paris"] * (ServerLimits.max_queries + 1)}).encode(), f"at most {ServerLimits.max_queries}"),
     (json.dumps({"queries": ["x" * 4097]}).encode(), "at most 4096"),
+    (json.dumps({"queries": ["Paris"] * 1000, "topk": 100}).encode(), "100000 passages; at most 65536"),
     ("{\"queries\": [\"\udcff\"]}".encode("utf-8", "surrogatepass"), "not valid JSON"),
     (b'{"queries": ["\\udcff"]}', "unpaired surrogate"),
 ]
