@@ -1,35 +1,43 @@
-"""Retrieval speed: in-process Lucene batch search vs. our HTTP server, with and without batching.
+"""Retrieval speed: our server against a Search-R1-shaped server and the in-process ceiling, in one run.
 
-All on one index (the whole ../shared/data/wiki folder, 12,033 passages) and one query set (NQ-open
-dev questions), top-3, in one run:
+One Lucene index of the whole ../shared/data/wiki folder (12,033 passages), the 1,805 NQ-open dev
+questions, top-3. Contenders, each measured in every round (rounds interleaved, medians reported,
+because other jobs share this machine's cores):
 
-  (a) in-process BM25Searcher.batch_search (the limit: no HTTP at all);
-  (b) our server, batching on, 16 concurrent loopback clients, 1 query per request;
-  (c) the same with 8 queries per request;
-  (d) our server with batching off (one Lucene call per query, as Search-R1's server does) under the
-      loads of (b) and (c).
+  in-process   `BM25Searcher.batch_search` in batches of 256 on 1 thread: no HTTP at all (the ceiling);
+  ours         the retrieval server as `agentgym-opsd serve-retrieval` starts it (RetrievalServer);
+  Search-R1    a Search-R1-shaped server written here: FastAPI + uvicorn (as Search-R1 installs them:
+               `pip install fastapi uvicorn`), a pydantic request model and a sync endpoint that calls
+               the same searcher one query at a time and reads each hit's raw stored record back to
+               build `{title, text, contents}`, as the BM25 path of Search-R1's
+               `search_r1/search/retrieval_server.py` does, with uvicorn's defaults (access log on,
+               into a file). The row is skipped, with the install command, when fastapi or uvicorn
+               is absent (`pip install fastapi uvicorn`: benchmark-only, not project dependencies);
+  --also NAME  our Flask app under another WSGI server (granian, cheroot, gunicorn): how the options
+               compared (each skipped when its package is absent).
 
-Each load is bounded by a query count and a time limit; it reports queries per second, p50 and p99
-request latency, and errors. Also: index build time and peak memory (a child process running
-`agentgym-opsd index build`). Targets: (c) >= 70% of (a); (b) >= 2x (d) at one query per request.
-Every measurement starts once the JVM's JIT compiler has settled (it compiles for ~10k queries), and
-also reports the server's CPU milliseconds per query, which a busy shared machine disturbs less than qps.
+Loads: 16 concurrent clients x 1 query per request, 16 x 8 queries per request, and 1 client sending 1
+query per request sequentially. Clients are threads in 4 spawned processes with keep-alive
+`http.client` connections (so the client side is not one GIL), each load bounded by `--seconds`.
+Reported per load: queries/s, p50 and p99 request latency, errors, the server's CPU ms per query, and
+its peak RSS. Goals: ours >= 0.5x in-process at 16 x 1, >= 0.9x at 16 x 8. Before the rounds every
+server answers all questions once at top 3 and top 10, and the answers are compared with in-process
+search (ids, order, scores). Each server warms up until the JVM's JIT compiler has settled.
 
-    .venv/bin/python benchmarks/retrieval_speed.py [--queries 1805] [--seconds 20] [--out runs/retrieval_speed]
-
-The clients are 16 threads spread over 4 spawned processes using keep-alive `http.client`
-connections, so the client side is not one Python interpreter's GIL.
+    .venv/bin/python benchmarks/retrieval_speed.py [--rounds 9] [--seconds 4] [--also granian] [--out runs/retrieval_speed]
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import multiprocessing as mp
 import os
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -42,23 +50,34 @@ REPO = Path(__file__).resolve().parents[1]
 WIKI = REPO.parent / "shared" / "data" / "wiki"
 NQ = REPO.parent / "shared" / "data" / "qa" / "nq_open_dev_part1.jsonl"
 TOPK = 3
+LOADS = {"16 clients x 1 query": (16, 1), "16 clients x 8 queries": (16, 8), "1 client, sequential": (1, 1)}
+GOALS = {"16 clients x 1 query": 0.5, "16 clients x 8 queries": 0.9}
+IN_PROCESS_BATCH = 256
 
 
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     values = sorted(values)
-    index = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
-    return values[index]
+    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
 
 
 # ------------------------------------------------------------------------------------------------
 # Load generator (runs in spawned child processes).
 
 
+def _connect(host: str, port: int) -> http.client.HTTPConnection:
+    """A keep-alive connection with Nagle's algorithm off, as `requests` (urllib3) opens them: http.client
+    sends a request's headers and body in two writes, which Nagle would hold for a delayed ACK (40 ms)."""
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn.connect()
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
 def _client_thread(host: str, port: int, bodies: list[bytes], per_request: int, deadline: float, out: list) -> None:
     latencies, errors, answered = [], 0, 0
-    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn = _connect(host, port)
     headers = {"Content-Type": "application/json"}
     for body in bodies:
         if time.perf_counter() > deadline:
@@ -68,7 +87,7 @@ def _client_thread(host: str, port: int, bodies: list[bytes], per_request: int, 
             conn.request("POST", "/retrieve", body=body, headers=headers)
             response = conn.getresponse()
             data = response.read()
-            if response.status != 200 or not data.startswith(b'{"result": ['):
+            if response.status != 200:
                 errors += 1
                 continue
             if answered % 10 == 0:  # check some answers fully; parsing all would load the client side
@@ -80,7 +99,7 @@ def _client_thread(host: str, port: int, bodies: list[bytes], per_request: int, 
         except (OSError, http.client.HTTPException, ValueError, KeyError):
             errors += 1
             conn.close()
-            conn = http.client.HTTPConnection(host, port, timeout=30)
+            conn = _connect(host, port)
             continue
         latencies.append(time.perf_counter() - t0)
     conn.close()
@@ -102,19 +121,18 @@ def _client_process(host: str, port: int, per_thread: list[list[bytes]], per_req
 
 def run_load(url: str, queries: list[str], *, clients: int, per_request: int, seconds: float, processes: int = 4) -> dict:
     """`clients` concurrent clients send `per_request` queries per request until every query is sent
-    once or `seconds` pass. Returns qps, request latency p50/p99 (ms), errors."""
+    once or `seconds` pass. Returns queries/s, request latency p50/p99 (ms), errors."""
     host, port = url.split("//")[1].split(":")
     usable = len(queries) - len(queries) % per_request
     requests_ = [queries[i : i + per_request] for i in range(0, usable, per_request)]
     bodies = [json.dumps({"queries": r, "topk": TOPK, "return_scores": True}).encode() for r in requests_]
     per_client = [bodies[c::clients] for c in range(clients)]
+    processes = max(1, min(processes, clients))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     start_at = time.time() + 1.0 + 0.3 * processes
-    procs = []
-    for p in range(processes):
-        mine = per_client[p::processes]
-        procs.append(ctx.Process(target=_client_process, args=(host, int(port), mine, per_request, seconds, start_at, queue)))
+    procs = [ctx.Process(target=_client_process, args=(host, int(port), per_client[p::processes], per_request, seconds, start_at, queue))
+             for p in range(processes)]  # fmt: skip
     for p in procs:
         p.start()
     results = [queue.get(timeout=seconds + 120) for _ in procs]
@@ -123,11 +141,8 @@ def run_load(url: str, queries: list[str], *, clients: int, per_request: int, se
     latencies = [x for r in results for (lat, _, _, _) in r for x in lat]
     errors = sum(e for r in results for (_, e, _, _) in r)
     answered = sum(a for r in results for (_, _, a, _) in r)
-    # Wall time: from the common start to the last client's last answer.
-    wall = max(end for r in results for (_, _, _, end) in r) - start_at
+    wall = max(end for r in results for (_, _, _, end) in r) - start_at  # the common start to the last answer
     return {
-        "clients": clients,
-        "queries_per_request": per_request,
         "queries": answered,
         "requests": len(latencies),
         "errors": errors,
@@ -139,80 +154,49 @@ def run_load(url: str, queries: list[str], *, clients: int, per_request: int, se
 
 
 # ------------------------------------------------------------------------------------------------
+# Process figures (Linux /proc).
 
 
-def build(corpus: Path, out_dir: Path) -> dict:
-    """Index `corpus` in a child process; wall time and the child's peak RSS."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "index", "build", str(corpus), str(out_dir), "--quiet", "--overwrite"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    seconds = time.perf_counter() - t0
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    info = json.loads((out_dir / "agentgym_index.json").read_text())
-    return {
-        "passages": info["num_docs"],
-        "wall_seconds_with_jvm_start": round(seconds, 2),
-        "indexing_seconds": info["seconds"],
-        "peak_rss_mib": round(max(peak_kib, before) / 1024, 1),
-        "index_mib": round(info["size_bytes"] / 2**20, 1),
-    }
-
-
-def in_process(index_dir: Path, queries: list[str], threads: int, repeats: int = 3) -> dict:
-    from retrieval_index.lucene import BM25Searcher
-
-    with BM25Searcher(index_dir) as searcher:
-        passes = warm_up(os.getpid(), lambda: searcher.batch_search(queries, TOPK, threads=threads))
-        runs, latencies = [], []
-        cpu0 = process_cpu_seconds(os.getpid())
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for i in range(0, len(queries), 256):  # the same query set, in batches of 256
-                b0 = time.perf_counter()
-                searcher.batch_search(queries[i : i + 256], TOPK, threads=threads)
-                latencies.append(time.perf_counter() - b0)
-            runs.append(time.perf_counter() - t0)
-        cpu_ms = 1000 * (process_cpu_seconds(os.getpid()) - cpu0) / (repeats * len(queries))
-        single = []
-        for q in queries[:300]:
-            t0 = time.perf_counter()
-            searcher.search(q, TOPK)
-            single.append(time.perf_counter() - t0)
-    best = statistics.median(runs)
-    return {
-        "queries": len(queries),
-        "qps": round(len(queries) / best, 1),
-        "batch_of_256_p50_ms": round(1000 * percentile(latencies, 50), 2),
-        "batch_of_256_p99_ms": round(1000 * percentile(latencies, 99), 2),
-        "single_query_p50_ms": round(1000 * percentile(single, 50), 3),
-        "cpu_ms_per_query": round(cpu_ms, 3),
-        "lucene_threads": threads,
-        "warm_up_passes": passes,
-    }
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (a server may run its app in a child process)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                pass
+    return out
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """User + system CPU seconds of a process so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    return sum(process_cpu_seconds(p) for p in process_tree(pid))
+
+
 def jit_cpu_seconds(pid: int) -> float:
-    """CPU seconds of the JVM's JIT compiler threads (`C1/C2 CompilerThread`) in process `pid`."""
+    """CPU seconds of the JVM's JIT compiler threads (`C1/C2 CompilerThread`) in process `pid` and its children."""
     total = 0.0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if "CompilerThre" in name:
-            fields = stat.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for p in process_tree(pid):
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            if "CompilerThre" in name:
+                fields = stat.rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
 
 
@@ -220,26 +204,247 @@ def warm_up(pid: int, one_pass, max_passes: int = 15, settled: float = 0.05) -> 
     """Run `one_pass()` until the JIT compiler uses under `settled` of the process's CPU during a pass
     (the JVM compiles hot code for ~10k queries; measuring before that measures the compiler)."""
     for n in range(1, max_passes + 1):
-        cpu0, jit0 = process_cpu_seconds(pid), jit_cpu_seconds(pid)
+        cpu0, jit0 = tree_cpu_seconds(pid), jit_cpu_seconds(pid)
         one_pass()
-        cpu, jit = process_cpu_seconds(pid) - cpu0, jit_cpu_seconds(pid) - jit0
+        cpu, jit = tree_cpu_seconds(pid) - cpu0, jit_cpu_seconds(pid) - jit0
         if cpu > 0 and jit / cpu < settled:
             return n
     return max_passes
 
 
-def server_rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
+def peak_rss_mib(pid: int) -> float | None:
+    total = 0.0
+    for p in process_tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            pass
+    return round(total, 1) if total else None
+
+
+# ------------------------------------------------------------------------------------------------
+# The other servers, each run as `python benchmarks/retrieval_speed.py --serve KIND INDEX PORT_FILE`.
+
+
+def _listening_socket() -> socket.socket:
+    # IPPROTO_TCP named explicitly: asyncio turns Nagle off only on sockets whose proto says TCP, as the
+    # ones uvicorn makes itself are (with proto 0 every keep-alive answer waited 40 ms for a delayed ACK).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    return sock
+
+
+def search_r1_shaped_app(searcher):
+    """What Search-R1's retrieval server does in BM25 mode, over our searcher (written for this benchmark):
+    a pydantic request, a sync FastAPI endpoint, one search per query, each hit's raw record read back
+    and split into title, text and contents."""
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    class QueryRequest(BaseModel):
+        queries: list[str]
+        topk: int | None = None
+        return_scores: bool = False
+
+    app = FastAPI()
+
+    def retrieve(request: QueryRequest) -> dict:
+        topk = request.topk or TOPK
+        result = []
+        for query in request.queries:
+            docs, scores = [], []
+            for hit in searcher.search(query, topk):
+                contents = json.loads(searcher.raw(hit.docid))["contents"]
+                first, _, rest = contents.partition("\n")
+                docs.append({"title": first.strip('"'), "text": rest, "contents": contents})
+                scores.append(hit.score)
+            result.append([{"document": d, "score": s} for d, s in zip(docs, scores)] if request.return_scores else docs)
+        return {"result": result}
+
+    retrieve.__annotations__ = {"request": QueryRequest, "return": dict}  # this module postpones annotations
+    app.post("/retrieve")(retrieve)
+    return app
+
+
+def serve_other(kind: str, index_dir: str, port_file: str) -> None:
+    """Serve `index_dir` with the Search-R1-shaped app (kind "search-r1") or our Flask app under the WSGI
+    server `kind`; write the port to `port_file` once listening."""
+    from agentgym_opsd.io import atomic_write_text
+    from retrieval_index.lucene import BM25Searcher
+
+    if kind == "search-r1":
+        import uvicorn
+
+        searcher = BM25Searcher(index_dir)
+        sock = _listening_socket()
+        server = uvicorn.Server(uvicorn.Config(search_r1_shaped_app(searcher)))
+        atomic_write_text(port_file, f"{sock.getsockname()[1]}\n")
+        server.run(sockets=[sock])
+        return
+    from retrieval_index.server import create_app
+
+    if kind == "cheroot":
+        from cheroot import wsgi
+
+        sock = _listening_socket()
+        port = sock.getsockname()[1]
+        sock.close()
+        server = wsgi.Server(("127.0.0.1", port), create_app(BM25Searcher(index_dir)), numthreads=32)
+        server.prepare()
+        atomic_write_text(port_file, f"{port}\n")
+        server.serve()
+    elif kind == "gunicorn":
+        from gunicorn.app.base import BaseApplication
+
+        sock = _listening_socket()
+        port = sock.getsockname()[1]
+        sock.close()
+
+        class Gunicorn(BaseApplication):
+            def load_config(self) -> None:
+                for key, value in {"bind": f"127.0.0.1:{port}", "workers": 1, "threads": 32, "worker_class": "gthread"}.items():
+                    self.cfg.set(key, value)
+
+            def load(self):
+                atomic_write_text(port_file, f"{port}\n")
+                return create_app(BM25Searcher(index_dir))
+
+        Gunicorn().run()
+    elif kind == "granian":
+        from granian import Granian
+        from granian.constants import Interfaces
+
+        sock = _listening_socket()
+        port = sock.getsockname()[1]
+        sock.close()
+        os.environ.update(AGENTGYM_SPEED_INDEX=index_dir, AGENTGYM_SPEED_PORT_FILE=port_file, AGENTGYM_SPEED_PORT=str(port))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        Granian("retrieval_speed:granian_app", address="127.0.0.1", port=port, interface=Interfaces.WSGI, workers=1,
+                blocking_threads=32, factory=True, log_enabled=False).serve()  # fmt: skip
+    else:
+        raise SystemExit(f"unknown server {kind!r}")
+
+
+def granian_app():
+    """Granian's worker process imports this factory (the JVM must start in the worker)."""
+    from agentgym_opsd.io import atomic_write_text
+    from retrieval_index.lucene import BM25Searcher
+    from retrieval_index.server import create_app
+
+    app = create_app(BM25Searcher(os.environ["AGENTGYM_SPEED_INDEX"]))
+    atomic_write_text(os.environ["AGENTGYM_SPEED_PORT_FILE"], os.environ["AGENTGYM_SPEED_PORT"] + "\n")
+    return app
+
+
+class OtherServer:
+    """`serve_other` in a child process (stopped on exit)."""
+
+    def __init__(self, kind: str, index_dir: Path, work: Path) -> None:
+        self.kind = kind
+        self.port_file = work / f"{kind}.port"
+        self.log = work / f"{kind}.log"
+        self.port_file.unlink(missing_ok=True)
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen([sys.executable, __file__, "--serve", kind, str(index_dir), str(self.port_file)],
+                                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the {kind} server exited: {self.log.read_text()[-2000:]}")
+            if self.port_file.exists() and self._answers():
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the {kind} server did not answer within 180 s: {self.log.read_text()[-2000:]}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{int(self.port_file.read_text())}"
+
+    def _answers(self) -> bool:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", int(self.port_file.read_text()), timeout=5)
+            conn.request("POST", "/retrieve", body=b'{"queries": ["Paris"], "topk": 1}', headers={"Content-Type": "application/json"})
+            ok = conn.getresponse().status == 200
+            conn.close()
+            return ok
+        except (OSError, ValueError, http.client.HTTPException):
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait(15)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def build(corpus: Path, out_dir: Path) -> dict:
+    """Index `corpus` in a child process; wall time and the child's peak RSS."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "index", "build", str(corpus), str(out_dir), "--quiet", "--overwrite"],
+                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    info = json.loads((out_dir / "agentgym_index.json").read_text())
+    return {"passages": info["num_docs"], "wall_seconds_with_jvm_start": round(seconds, 2), "indexing_seconds": info["seconds"],
+            "peak_rss_mib": round(max(peak_kib, before) / 1024, 1), "index_mib": round(info["size_bytes"] / 2**20, 1)}  # fmt: skip
+
+
+def in_process_pass(searcher, queries: list[str]) -> dict:
+    """One pass of the query set through `batch_search` (batches of 256, 1 thread): queries/s and CPU."""
+    cpu0, t0 = process_cpu_seconds(os.getpid()), time.perf_counter()
+    for i in range(0, len(queries), IN_PROCESS_BATCH):
+        searcher.batch_search(queries[i : i + IN_PROCESS_BATCH], TOPK, threads=1)
+    wall = time.perf_counter() - t0
+    return {"qps": round(len(queries) / wall, 1), "cpu_ms_per_query": round(1000 * (process_cpu_seconds(os.getpid()) - cpu0) / len(queries), 3)}
+
+
+def fetch_answers(url: str, queries: list[str], topk: int, per_request: int = 64) -> list[list[tuple[str, float]]]:
+    """Every query's (id, score) list from a server (Search-R1's documents carry no id: contents then)."""
+    host, port = url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    out = []
+    for i in range(0, len(queries), per_request):
+        body = json.dumps({"queries": queries[i : i + per_request], "topk": topk, "return_scores": True}).encode()
+        conn.request("POST", "/retrieve", body=body, headers={"Content-Type": "application/json"})
+        for row in json.loads(conn.getresponse().read())["result"]:
+            out.append([(item["document"].get("id", item["document"]["contents"]), item["score"]) for item in row])
+    conn.close()
+    return out
+
+
+def compare_answers(name: str, url: str, searcher, queries: list[str]) -> dict:
+    """Compare a server's answers with in-process search at top 3 and top 10."""
+    report = {}
+    for k in (TOPK, 10):
+        expected = searcher.batch_search(queries, k, threads=1)
+        got = fetch_answers(url, queries, k)
+        same_ids = same_scores = 0
+        for hits, row in zip(expected, got, strict=True):
+            keys = [h.docid for h in hits] if row and row[0][0] in {h.docid for h in hits} else [h.contents for h in hits]
+            if [key for key, _ in row] == keys:
+                same_ids += 1
+                same_scores += [score for _, score in row] == [h.score for h in hits]
+        report[f"top{k}"] = {"same_ids_and_order": same_ids, "same_scores": same_scores, "queries": len(queries)}
+    return report
 
 
 def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix=f"{Path(__file__).stem.replace('_', '-')}-"))
+    if len(sys.argv) == 5 and sys.argv[1] == "--serve":
+        serve_other(sys.argv[2], sys.argv[3], sys.argv[4])
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="retrieval-speed-"))
     try:
         return run(work)
     finally:
@@ -249,12 +454,10 @@ def main() -> int:
 def run(work: Path) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--queries", type=int, default=1805, help="NQ questions used (default: all 1,805)")
-    parser.add_argument("--seconds", type=float, default=20.0, help="time limit of each load (default %(default)s)")
-    parser.add_argument("--passes", type=int, default=3, help="times each load sends the query set (default %(default)s)")
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--scale", type=int, default=1,
-                        help="index N copies of the corpus: a larger index where each Lucene query costs more (default 1)")  # fmt: skip
-    parser.add_argument("--lucene-threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds; medians are reported (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=4.0, help="length of each load in each round (default %(default)s)")
+    parser.add_argument("--also", action="append", default=[], choices=["granian", "cheroot", "gunicorn"],
+                        help="also measure our Flask app under this WSGI server (repeatable)")  # fmt: skip
     parser.add_argument("--out", default="runs/retrieval_speed", help="folder for results.json")
     args = parser.parse_args()
     if not WIKI.is_dir() or not NQ.is_file():
@@ -262,81 +465,127 @@ def run(work: Path) -> int:
         return 2
 
     from agentgym_opsd.io import atomic_write_json, read_jsonl_numbered
+    from retrieval_index.lucene import BM25Searcher
     from retrieval_index.process import RetrievalServer
 
     queries = [r["question"] for _, r in read_jsonl_numbered(NQ)][: args.queries]
     corpus = work / "wiki.jsonl"
     with open(corpus, "w") as f:  # the whole wiki folder as one corpus (ids are unique across files)
-        for copy in range(args.scale):  # --scale N: N copies of every passage (a larger, duplicated corpus)
-            for path in sorted(WIKI.glob("*.jsonl")):
-                prefix = "wiki18-" if path.name.startswith("flashrag_wiki18") else ""
-                suffix = f"#copy{copy}" if copy else ""
-                for _, r in read_jsonl_numbered(path):
-                    f.write(json.dumps({"id": f"{prefix}{r['id']}{suffix}", "contents": r["contents"]}) + "\n")
+        for path in sorted(WIKI.glob("*.jsonl")):
+            prefix = "wiki18-" if path.name.startswith("flashrag_wiki18") else ""
+            for _, r in read_jsonl_numbered(path):
+                f.write(json.dumps({"id": f"{prefix}{r['id']}", "contents": r["contents"]}) + "\n")
     index_dir = work / "index"
     results: dict = {"machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}, "topk": TOPK,
-                     "corpus": str(WIKI), "scale": args.scale}  # fmt: skip
+                     "corpus": str(WIKI), "queries": len(queries), "rounds": args.rounds, "seconds": args.seconds}  # fmt: skip
     print(f"building the index of {WIKI} ...", flush=True)
     results["build"] = build(corpus, index_dir)
     print(f"  {results['build']}", flush=True)
 
-    print("(a) in-process batch search ...", flush=True)
-    results["a_in_process"] = in_process(index_dir, queries, args.lucene_threads)
-    print(f"  {results['a_in_process']}", flush=True)
+    servers: dict[str, object] = {}
+    try:
+        servers["ours"] = RetrievalServer(index_dir).start()
+        if importlib.util.find_spec("fastapi") and importlib.util.find_spec("uvicorn"):
+            servers["Search-R1-shaped"] = OtherServer("search-r1", index_dir, work)
+        else:
+            print("skipping the Search-R1-shaped server: it needs fastapi and uvicorn (`pip install fastapi uvicorn`, "
+                  "as Search-R1's README installs them; benchmark-only)", flush=True)  # fmt: skip
+        for kind in args.also:
+            if importlib.util.find_spec(kind) is None:
+                print(f"skipping ours under {kind}: `pip install {kind}` first", flush=True)
+                continue
+            servers[f"ours under {kind}"] = OtherServer(kind, index_dir, work)
+        results["servers"] = {name: {"url": s.url} for name, s in servers.items()}  # type: ignore[attr-defined]
+        return measure(args, results, servers, queries, index_dir, atomic_write_json, BM25Searcher)
+    finally:
+        for s in servers.values():
+            s.stop()  # type: ignore[attr-defined]
 
-    loads = {"b_batching_1q": (True, 1), "c_batching_8q": (True, 8), "d_no_batching_1q": (False, 1), "d_no_batching_8q": (False, 8)}
-    for name, (batching, per_request) in loads.items():
-        extra = ["--lucene-threads", str(args.lucene_threads)]
-        with RetrievalServer(index_dir, batching=batching, extra_args=extra) as server:
-            pid = server.process.pid  # type: ignore[union-attr]
-            passes = warm_up(pid, lambda: run_load(server.url, queries, clients=args.clients, per_request=per_request, seconds=10))
-            print(f"({name[0]}) batching {'on' if batching else 'off'}, {per_request} query/request ...", flush=True)
-            cpu0 = process_cpu_seconds(pid)
-            out = run_load(server.url, queries * args.passes, clients=args.clients, per_request=per_request, seconds=args.seconds)
-            # CPU per query is what batching can save; on a loaded machine it is steadier than qps.
-            out["server_cpu_ms_per_query"] = round(1000 * (process_cpu_seconds(pid) - cpu0) / max(out["queries"], 1), 3)
-            import requests
 
-            health = requests.get(server.url + "/health", timeout=5).json()
-            if batching and health.get("batches"):
-                out["mean_batch_queries"] = round(health["queries"] / health["batches"], 1)
-            out["server_peak_rss_mib"] = server_rss_mib(pid)
-            out["warm_up_passes"] = passes
-        results[name] = out
-        print(f"  {out}", flush=True)
+def measure(args, results: dict, servers: dict, queries: list[str], index_dir: Path, atomic_write_json, BM25Searcher) -> int:
+    from tqdm.auto import tqdm
 
-    # (a) once more after the loads: on a shared machine one short window can be unlucky; the limit is the better one.
-    print("(a) in-process batch search, again ...", flush=True)
-    results["a_in_process_again"] = in_process(index_dir, queries, args.lucene_threads)
-    print(f"  {results['a_in_process_again']}", flush=True)
-    if results["a_in_process_again"]["qps"] > results["a_in_process"]["qps"]:
-        results["a_in_process"], results["a_in_process_again"] = results["a_in_process_again"], results["a_in_process"]
-    a = results["a_in_process"]["qps"]
-    b, c = results["b_batching_1q"]["qps"], results["c_batching_8q"]["qps"]
-    d1, d8 = results["d_no_batching_1q"]["qps"], results["d_no_batching_8q"]["qps"]
+    pids = {name: s.process.pid for name, s in servers.items()}
+    with BM25Searcher(index_dir) as searcher:
+        print("warming up (until the JIT compilers settle) and checking answers ...", flush=True)
+        results["in_process_warm_up_passes"] = warm_up(os.getpid(), lambda: in_process_pass(searcher, queries))
+        results["answers"], results["warm_up_passes"] = {}, {}
+        for name, server in servers.items():
+            results["warm_up_passes"][name] = warm_up(
+                pids[name], lambda: run_load(server.url, queries, clients=16, per_request=1, seconds=8))
+            results["answers"][name] = compare_answers(name, server.url, searcher, queries)
+            print(f"  {name}: {results['answers'][name]}", flush=True)
+        rounds: dict[str, dict[str, list[dict]]] = {name: {load: [] for load in LOADS} for name in servers}
+        in_process: list[dict] = []
+        bodies = queries * 4
+        for _ in tqdm(range(args.rounds), desc="rounds", unit="round"):
+            in_process.append(in_process_pass(searcher, queries))
+            for load, (clients, per_request) in LOADS.items():
+                for name, server in servers.items():
+                    cpu0 = tree_cpu_seconds(pids[name])
+                    out = run_load(server.url, bodies, clients=clients, per_request=per_request, seconds=args.seconds)
+                    out["server_cpu_ms_per_query"] = round(1000 * (tree_cpu_seconds(pids[name]) - cpu0) / max(out["queries"], 1), 3)
+                    rounds[name][load].append(out)
+        for name in servers:
+            results.setdefault("peak_rss_mib", {})[name] = peak_rss_mib(pids[name])
+
+    def median(rows: list[dict], key: str) -> float:
+        return round(statistics.median(r[key] for r in rows), 3)
+
+    ceiling = median(in_process, "qps")
+    results["in_process"] = {"qps": ceiling, "cpu_ms_per_query": median(in_process, "cpu_ms_per_query"), "rounds": in_process}
+    table = {}
+    for name in servers:
+        for load in LOADS:
+            rows = rounds[name][load]
+            table.setdefault(name, {})[load] = {key: median(rows, key) for key in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")}
+            table[name][load]["errors"] = sum(r["errors"] for r in rows)
+    results["medians"], results["rounds_detail"] = table, rounds
     results["machine"]["load_average_at_end"] = os.getloadavg()
-    results["ratios"] = {
-        "c_over_a": round(c / a, 3),
-        "c_over_a_target": 0.70,
-        "b_over_d_1q": round(b / d1, 2),
-        "b_over_d_1q_target": 2.0,
-        "c_over_d_8q": round(c / d8, 2),
-        # The same comparisons in CPU per query (the work each way costs; steadier on a busy machine).
-        "c_over_a_cpu": round(results["a_in_process"]["cpu_ms_per_query"] / results["c_batching_8q"]["server_cpu_ms_per_query"], 3),
-        "b_over_d_1q_cpu": round(results["d_no_batching_1q"]["server_cpu_ms_per_query"] / results["b_batching_1q"]["server_cpu_ms_per_query"], 2),
-    }
+
+    ratios: dict = {}
+    for load in LOADS:
+        ours = table["ours"][load]["qps"]
+        ratios[load] = {"ours_over_in_process": round(ours / ceiling, 3)}
+        if "Search-R1-shaped" in table:
+            ratios[load]["ours_over_search_r1_shaped"] = round(ours / table["Search-R1-shaped"][load]["qps"], 2)
+        # The same comparison per round (both measured in that round), as a spread.
+        if "Search-R1-shaped" in rounds:
+            per_round = [a["qps"] / b["qps"] for a, b in zip(rounds["ours"][load], rounds["Search-R1-shaped"][load]) if b["qps"]]
+            ratios[load]["ours_over_search_r1_shaped_per_round"] = [round(min(per_round), 2), round(max(per_round), 2)]
+        if load in GOALS:
+            ratios[load]["goal_over_in_process"] = GOALS[load]
+    results["ratios"] = ratios
+
     print()
-    print(f"{'run':<26}{'qps':>9}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}{'server CPU ms/query':>22}")
-    print(f"{'(a) in-process batch':<26}{a:>9.0f}{'':>10}{'':>10}{0:>8}{results['a_in_process']['cpu_ms_per_query']:>22.3f}")
-    for name in loads:
-        r = results[name]
-        print(f"{name:<26}{r['qps']:>9.0f}{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}{r['errors']:>8}{r['server_cpu_ms_per_query']:>22.3f}")
-    r = results["ratios"]
-    print(f"\n(c)/(a) = {r['c_over_a']:.2f} (target >= 0.70): {'met' if r['c_over_a'] >= 0.7 else 'NOT met'}")
-    print(f"(b)/(d) at 1 query/request = {r['b_over_d_1q']:.2f} (target >= 2): {'met' if r['b_over_d_1q'] >= 2 else 'NOT met'}")
-    print(f"(c)/(d) at 8 queries/request = {r['c_over_d_8q']:.2f}")
-    print(f"in CPU per query: (a)/(c) = {r['c_over_a_cpu']:.2f}, (d)/(b) at 1 query/request = {r['b_over_d_1q_cpu']:.2f}")
-    print(f"load average (1, 5, 15 min) at start {results['machine']['load_average_at_start']}, at end {results['machine']['load_average_at_end']}")
+    names = list(servers)
+    head = f"{'load':<24}" + "".join(f"{n[:22]:>24}" for n in names) + f"{'ours / Search-R1':>18}{'ours / in-process':>19}"
+    print(head)
+    print(f"{'':<24}" + "".join(f"{'q/s  p50  p99 ms':>24}" for _ in names))
+    for load in LOADS:
+        line = f"{load:<24}"
+        for n in names:
+            r = table[n][load]
+            line += f"{r['qps']:>10,.0f} {r['p50_ms']:>5.1f} {r['p99_ms']:>6.1f}" + (f" E{r['errors']}" if r["errors"] else "   ")
+        rr = ratios[load]
+        line += f"{rr.get('ours_over_search_r1_shaped', float('nan')):>17.2f}x"
+        goal = f" (goal {GOALS[load]})" if load in GOALS else ""
+        line += f"{rr['ours_over_in_process']:>13.2f}x{goal}"
+        print(line)
+    print(f"{'in-process batch_search':<24}{ceiling:>10,.0f} q/s (batches of {IN_PROCESS_BATCH}, 1 thread), "
+          f"{results['in_process']['cpu_ms_per_query']:.3f} CPU ms/query")  # fmt: skip
+    print("server CPU ms per query: " + "; ".join(
+        f"{n}: " + ", ".join(f"{table[n][load]['server_cpu_ms_per_query']:.2f}" for load in LOADS) for n in names))  # fmt: skip
+    print("peak RSS MiB: " + ", ".join(f"{n} {results['peak_rss_mib'][n]}" for n in names))
+    for n in names:
+        a = results["answers"][n]
+        print(f"answers of {n} against in-process search: " + "; ".join(
+            f"{k}: {v['same_ids_and_order']}/{v['queries']} same ids and order, {v['same_scores']} same scores" for k, v in a.items()))  # fmt: skip
+    for load, goal in GOALS.items():
+        got = ratios[load]["ours_over_in_process"]
+        print(f"goal ours >= {goal}x in-process at {load}: {got:.2f}x, {'met' if got >= goal else 'NOT met'}")
+    print(f"{args.rounds} interleaved rounds of {args.seconds:g} s per load; medians. Load average (1, 5, 15 min) "
+          f"at start {results['machine']['load_average_at_start']}, at end {results['machine']['load_average_at_end']}")  # fmt: skip
     print(f"index build: {results['build']}")
     out_dir = Path(args.out)
     atomic_write_json(out_dir / "results.json", results)

@@ -14,7 +14,7 @@ Start the JVM after forking, never before: a forked child cannot use its parent'
     info = build_index("corpus.jsonl", "indexes/wiki")         # {"id","contents"} or {"id","title","text"}
     searcher = BM25Searcher("indexes/wiki")                     # k1=0.9, b=0.4 (Anserini's defaults)
     searcher.search("who wrote hamlet", k=3)                    # [Hit(docid, score, contents), ...]
-    searcher.batch_search(["q1", "q2"], k=3, threads=2)         # one Lucene call for many queries
+    searcher.batch_search(["q1", "q2"], k=3, threads=2)         # many queries in one hold of the JVM lock
     searcher.doc("vital-42")                                    # contents, from the index alone
 """
 
@@ -45,6 +45,7 @@ __all__ = [
     "start_jvm",
     "java_class",
     "MAX_QUERY_CHARS",
+    "ANSERINI_BATCH_MIN",
 ]
 
 JVM_LOCK = threading.RLock()
@@ -53,6 +54,8 @@ JVM_LOCK = threading.RLock()
 INFO_FILE = "agentgym_index.json"
 MAX_QUERY_CHARS = 8192
 """Longer queries are refused: a query's distinct terms become clauses of one Lucene query."""
+ANSERINI_BATCH_MIN = 64
+"""`BM25Searcher.batch_search` with threads > 1 hands batches of at least this many queries to Anserini."""
 _MAX_CLAUSES = 65_536  # Lucene's default (1024) is reached by a ~2,000-character query
 
 _jvm_started = False
@@ -289,8 +292,8 @@ def build_index(
 class BM25Searcher:
     """BM25 search over an index built by `build_index` (or any Anserini index with stored contents).
 
-    Thread-safe: every JVM call holds `JVM_LOCK`. Use `batch_search` for throughput: one call runs many
-    queries on Anserini's own thread pool.
+    Thread-safe: every JVM call holds `JVM_LOCK`. `batch_search` runs many queries in one hold of
+    the lock, large batches on Anserini's own thread pool.
 
     Args:
         index_dir: the index folder.
@@ -351,18 +354,26 @@ class BM25Searcher:
             return []
         with JVM_LOCK:
             self._open()
-            try:
-                return self._hits(self._searcher.search(query, int(k)))
-            except Exception as e:
-                if type(e).__name__ != "JavaException":
-                    raise
-                raise RuntimeError(f"Lucene search failed for {query[:80]!r}: {_java_error(e)}") from None
+            return self._search_one(query, int(k))
+
+    def _search_one(self, query: str, k: int) -> list[Hit]:
+        """One Lucene search of a checked, non-empty query (the caller holds `JVM_LOCK`)."""
+        try:
+            return self._hits(self._searcher.search(query, k))
+        except Exception as e:
+            if type(e).__name__ != "JavaException":
+                raise
+            raise RuntimeError(f"Lucene search failed for {query[:80]!r}: {_java_error(e)}") from None
 
     def batch_search(self, queries: Sequence[str], k: int = 10, threads: int = 1) -> list[list[Hit]]:
-        """The top-`k` passages of each query, in order: one Lucene call on `threads` threads.
+        """The top-`k` passages of each query, in order, in one hold of the JVM lock.
 
-        If Anserini fails the whole batch, each query is retried alone, so one bad query cannot
-        take the others' results with it (its own error is raised).
+        With `threads=1` the queries run one after another in the calling thread. With more, a batch
+        of at least `ANSERINI_BATCH_MIN` queries goes to Anserini's parallel batch search; smaller
+        ones still run one after another, because Anserini starts (and stops) a thread pool on every
+        call, about 1 ms, more than a dozen queries cost (benchmarks/retrieval_speed.py measures it).
+        Results are the same either way. If Anserini fails the whole batch, each query is retried
+        alone, so one bad query cannot take the others' results with it (its own error is raised).
         """
         cleaned = [self._check(q) for q in queries]
         if k < 1:
@@ -375,9 +386,9 @@ class BM25Searcher:
             return results
         with JVM_LOCK:
             self._open()
-            if len(todo) == 1:
-                i = todo[0]
-                results[i] = self.search(cleaned[i], k)
+            if threads == 1 or len(todo) < ANSERINI_BATCH_MIN:
+                for i in todo:
+                    results[i] = self._search_one(cleaned[i], int(k))
                 return results
             query_list, id_list = self._list_class(), self._list_class()
             for i in todo:
@@ -389,7 +400,7 @@ class BM25Searcher:
                 if type(e).__name__ != "JavaException":
                     raise
                 for i in todo:
-                    results[i] = self.search(cleaned[i], k)
+                    results[i] = self._search_one(cleaned[i], int(k))
                 return results
             for entry in by_id.entrySet().toArray():
                 results[int(entry.getKey())] = self._hits(entry.getValue())

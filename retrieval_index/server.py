@@ -1,25 +1,33 @@
 """The retrieval server: a Flask app over a Lucene BM25 index, served by waitress.
 
-API (compatible with Search-R1's retrieval clients):
+API (a drop-in for Search-R1's retrieval server: its training loop's client runs against it unchanged):
 
     POST /retrieve  {"queries": ["q1", ...], "topk": 3, "return_scores": true}
-        -> {"result": [[{"document": {"id": ..., "contents": "\\"Title\\"\\ntext"}, "score": 7.1}, ...], ...]}
+        -> {"result": [[{"document": {"id": ..., "title": ..., "text": ..., "contents": "\\"Title\\"\\ntext"},
+                         "score": 7.1}, ...], ...]}
            one list per query, best first; with "return_scores": false each item is the bare document.
+           `title` and `text` are there when the passage has a title line (`"Title"\\ntext`), split
+           as Search-R1's server splits them. An empty "queries" list gets {"result": []} (Search-R1's
+           loop sends one when no rollout searched in a turn).
     GET /health     -> {"status": "ok", "num_docs": ..., "batching": true, ...}
 
-Bad requests (malformed JSON, wrong types, no queries, too many queries, topk out of bounds, a query
-too long) get HTTP 400 with `{"error": "..."}` saying what is wrong; bodies over the size limit get 413.
+Bad requests (malformed JSON, wrong types, a missing "queries", too many queries, topk out of bounds, a
+query too long, more passages than one answer may hold) get HTTP 400 with `{"error": "..."}` saying what is wrong; bodies over the size limit get 413.
 
 Throughput comes from batching: concurrent requests are not searched one by one. While one Lucene
 search runs, the requests that arrive wait in line; the next search takes the whole line (up to
-`max_batch_queries`) as one Anserini batch search on `lucene_threads` threads (see `Batcher`). Batches
-grow with the load, and no time is spent waiting for a batch to fill. With batching off
-(`--no-batching`) each query is its own Lucene call, as in Search-R1's server: the baseline of
-benchmarks/retrieval_speed.py.
+`max_batch_queries`) in one hold of the JVM lock (see `Batcher`); a larger request is searched in
+slices of that size. Batches grow with the load, and no time is spent waiting for a batch to fill.
+With batching off (`--no-batching`) each request's thread takes the JVM lock for its own queries
+(for comparisons).
 
 One process, one JVM: waitress serves the requests on threads, and every Lucene call holds the
-process-wide JVM lock (see lucene.py). The server binds 127.0.0.1 unless told otherwise; it has no
-authentication, so bind other addresses only on trusted networks.
+process-wide JVM lock (see lucene.py). Waitress reads whole requests in its event loop before a
+thread sees them, so clients that send slowly, stall or never read hold no thread. (Granian, a Rust
+front end, answered one-query requests faster in benchmarks/retrieval_speed.py `--also granian`, but
+it hands a request to a Python thread before the body has arrived: a few dozen slow uploads stall
+it.) The server binds 127.0.0.1 unless told otherwise; it has no authentication, so bind other
+addresses only on trusted networks.
 """
 
 from __future__ import annotations
@@ -47,10 +55,13 @@ DEFAULT_TOPK = 3
 class ServerLimits:
     """What one request may ask for (anything beyond is HTTP 400, or 413 for the body size)."""
 
-    max_queries: int = 512
+    # Search-R1's GRPO scripts send up to 512 prompts x 5 rollouts = 2,560 queries in one request.
+    max_queries: int = 4096
     max_topk: int = 100
     max_query_chars: int = 4096
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 16 * 1024 * 1024
+    # Passages in one answer (queries x topk): 2,560 x 3 is 7,680; 4,096 x 100 would be ~1 GB of JSON.
+    max_passages: int = 65_536
 
 
 class BadRequest(ValueError):
@@ -81,14 +92,15 @@ class Batcher:
     searches at once (it leads), taking every query waiting at that moment; requests arriving while
     a search runs wait in line; when the leader is done it wakes the first waiting request, which
     runs the whole line as the next batch. At low load a request is searched immediately, as without
-    batching; under load batches grow with the load. Each batch is one Anserini batch search on
-    `lucene_threads` threads, and one return trip from Java to Python for many queries (after a
-    Java call a thread must win the GIL back from the HTTP threads while holding the JVM lock).
+    batching; under load batches grow with the load. Each batch is one `batch_search` call: one
+    hold of the JVM lock for many queries, instead of one contended hand-over of the lock (and of
+    the GIL) per request.
 
     Args:
         searcher: a `BM25Searcher` (anything with `batch_search(queries, k, threads)`).
-        lucene_threads: Anserini threads per batch search.
-        max_batch_queries: the most queries one batch takes (a larger request still runs whole).
+        lucene_threads: `threads` of each `batch_search` call.
+        max_batch_queries: the most queries one `batch_search` call takes; a larger request runs
+            alone, in slices of this size.
     """
 
     def __init__(self, searcher: Any, lucene_threads: int = 2, max_batch_queries: int = 256) -> None:
@@ -149,15 +161,18 @@ class Batcher:
     def _run(self, jobs: list[_Job]) -> None:
         flat = [q for j in jobs for q in j.queries]
         k = max(j.topk for j in jobs)  # the top-k of a top-K list (K >= k) is the top-k
+        hits: list[list[Hit]] = []
         try:
-            hits = self.searcher.batch_search(flat, k, threads=self.lucene_threads)
+            for start in range(0, len(flat), self.max_batch_queries):
+                piece = flat[start : start + self.max_batch_queries]
+                hits.extend(self.searcher.batch_search(piece, k, threads=self.lucene_threads))
+                self.batches += 1
+                self.largest_batch = max(self.largest_batch, len(piece))
         except BaseException as e:  # every request of the batch gets the error
             for j in jobs:
                 j.error = e
             return
-        self.batches += 1
         self.queries += len(flat)
-        self.largest_batch = max(self.largest_batch, len(flat))
         start = 0
         for j in jobs:
             j.result = [h[: j.topk] for h in hits[start : start + len(j.queries)]]
@@ -179,8 +194,6 @@ def parse_retrieve_request(body: bytes, limits: ServerLimits) -> tuple[list[str]
         raise BadRequest('missing "queries": a list of query strings')
     if not isinstance(queries, list):
         raise BadRequest(f'"queries" must be a list of strings, got {type(queries).__name__}')
-    if not queries:
-        raise BadRequest('"queries" is empty')
     if len(queries) > limits.max_queries:
         raise BadRequest(f'"queries" has {len(queries)} items; at most {limits.max_queries} per request')
     for i, q in enumerate(queries):
@@ -200,17 +213,36 @@ def parse_retrieve_request(body: bytes, limits: ServerLimits) -> tuple[list[str]
         raise BadRequest(f'"topk" must be an integer, got {type(topk).__name__}')
     if not 1 <= topk <= limits.max_topk:
         raise BadRequest(f'"topk" must be between 1 and {limits.max_topk}, got {topk}')
+    if len(queries) * topk > limits.max_passages:
+        raise BadRequest(
+            f'{len(queries)} queries x topk {topk} = {len(queries) * topk} passages; at most {limits.max_passages} '
+            "per request: send fewer queries or a smaller topk"
+        )
     return_scores = payload.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise BadRequest(f'"return_scores" must be true or false, got {type(return_scores).__name__}')
     return queries, topk, return_scores
 
 
+def document(hit: Hit) -> dict[str, str]:
+    """A hit as Search-R1's server returns a document: `title` (the first line without its quotes)
+    and `text` (the lines after it) beside the `contents` they come from, and our `id`.
+
+    The split is Search-R1's, not `corpus.split_title` (which also trims whitespace), so that a
+    client reading `title` or `text` sees what Search-R1's own server would send. A passage without
+    a title line has no `title` and `text`.
+    """
+    head, newline, rest = hit.contents.partition("\n")
+    if not newline:
+        return {"id": hit.docid, "contents": hit.contents}
+    return {"id": hit.docid, "title": head.strip('"'), "text": rest, "contents": hit.contents}
+
+
 def format_results(hits: list[list[Hit]], return_scores: bool) -> list[list[dict[str, Any]]]:
     """Search-R1's response shape: documents with scores, or bare documents."""
     if return_scores:
-        return [[{"document": {"id": h.docid, "contents": h.contents}, "score": h.score} for h in row] for row in hits]
-    return [[{"id": h.docid, "contents": h.contents} for h in row] for row in hits]
+        return [[{"document": document(h), "score": h.score} for h in row] for row in hits]
+    return [[document(h) for h in row] for row in hits]
 
 
 def create_app(
@@ -222,6 +254,7 @@ def create_app(
     limits: ServerLimits = ServerLimits(),
 ):
     """The Flask app over `searcher` (a `BM25Searcher`). See the module docstring for the API."""
+    import orjson
     from flask import Flask, Response, request
 
     app = Flask("agentgym_opsd_retrieval")
@@ -232,7 +265,11 @@ def create_app(
     app.extensions["agentgym_batcher"] = batcher
 
     def reply(obj: Any, status: int = 200) -> Response:
-        return Response(json.dumps(obj, ensure_ascii=False), status=status, mimetype="application/json")
+        try:
+            body = orjson.dumps(obj)
+        except TypeError:  # a message quoting text that is not valid Unicode (orjson refuses it)
+            body = json.dumps(obj).encode()
+        return Response(body, status=status, mimetype="application/json")
 
     @app.post("/retrieve")
     def retrieve() -> Response:
@@ -240,11 +277,13 @@ def create_app(
             queries, topk, return_scores = parse_retrieve_request(request.get_data(cache=False), limits)
         except BadRequest as e:
             return reply({"error": str(e)}, 400)
+        if not queries:  # Search-R1's loop asks with no queries when no rollout searched in a turn
+            return reply({"result": []})
         try:
             if batcher is not None:
                 hits = batcher.search(queries, topk)
-            else:  # one Lucene call per query (Search-R1's way): the benchmark's baseline
-                hits = [searcher.search(q, topk) for q in queries]
+            else:  # each request takes the JVM lock for its own queries (--no-batching, for comparisons)
+                hits = searcher.batch_search(queries, topk, threads=1)
         except (ValueError, TypeError) as e:
             return reply({"error": str(e)}, 400)
         except TimeoutError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 import requests
@@ -48,10 +49,30 @@ def test_slow_clients_do_not_block_the_others(
     retrieval_server: RetrievalServer, expected: dict[str, list[str]], load_tools
 ) -> None:
     """50 stalled connections, 3 clients sending their request a byte at a time and 4 that never read
-    a 4 MB answer: meanwhile 8 normal clients are all answered, correctly and promptly, and the
-    byte-by-byte clients get their own answers in the end."""
-    with load_tools.SlowClients(retrieval_server.url, stalled=50, dribblers=3, non_readers=4, byte_interval=0.01) as slow:
-        result = load_tools.run_server_load(retrieval_server.url, expected, clients=8, seconds=3.0, processes=0)
+    a multi-MB answer: meanwhile 8 normal clients are all answered correctly, at a rate comparable to
+    the same 8 clients' run without slow clients just before, and the byte-by-byte clients get their
+    own answers in the end.
+
+    No absolute rate or latency floor (another job may be using both cores): the comparison is with
+    the baseline run in this test, and the latency bound is what blocking would look like. A worker
+    thread held by a slow client would hold the requests queued behind it until the server's 120 s
+    channel timeout (or for good), so blocked clients would answer almost nothing in the window and
+    their slowest request would wait tens of seconds; a busy machine slows both runs alike.
+    """
+    url = retrieval_server.url
+    baseline = load_tools.run_server_load(url, expected, clients=8, seconds=3.0, processes=0)
+    assert baseline.failures == 0, baseline.failure_examples
+    queries_before = requests.get(f"{url}/health", timeout=10).json()["queries"]
+    with load_tools.SlowClients(url, stalled=50, dribblers=3, non_readers=4, byte_interval=0.01) as slow:
+        # The never-reading clients' requests (4 x 64 queries at top 100) are searched and their answers
+        # written into socket buffers no one reads; wait for that work, so that both runs measure the
+        # same 8 clients and not the machine catching up with a one-off burst.
+        non_reader_queries = 4 * slow.non_reader_queries
+        deadline = time.monotonic() + 120
+        while requests.get(f"{url}/health", timeout=10).json()["queries"] < queries_before + non_reader_queries:
+            assert time.monotonic() < deadline, "the server did not search the never-reading clients' requests"
+            time.sleep(0.05)
+        result = load_tools.run_server_load(url, expected, clients=8, seconds=3.0, processes=0)
         slow.wait_for_dribblers(60)
         assert len(slow.dribbler_answers) == 3
         for answer in slow.dribbler_answers:
@@ -59,10 +80,8 @@ def test_slow_clients_do_not_block_the_others(
             assert status.startswith(b"HTTP/1.1 200"), answer[:200]
             assert len(json.loads(body)["result"][0]) == 3
     assert result.failures == 0, result.failure_examples
-    assert result.requests >= 40, result.summary()
-    # Bounded latency: no request waited on a slow client (each needs milliseconds; a blocked worker
-    # would hold requests for the server's 120 s channel timeout).
-    assert result.max_ms < 5000, result.summary()
+    assert result.requests >= 0.25 * baseline.requests, f"with slow clients: {result.summary()}; without: {baseline.summary()}"
+    assert result.max_ms < 30_000, result.summary()  # blocked: a request waits for the 120 s channel timeout
 
 
 def _raw_exchange(url: str, data: bytes, timeout: float = 30.0) -> tuple[int, bytes]:
@@ -96,7 +115,8 @@ def test_request_size_limits_hold_for_every_way_of_sending_a_body(retrieval_serv
     url = retrieval_server.url
     limit = requests.get(f"{url}/health", timeout=10).json()["limits"]["max_body_bytes"]
     head = b"POST /retrieve HTTP/1.1\r\nHost: loopback\r\nContent-Type: application/json\r\nConnection: close\r\n"
-    over = json.dumps({"queries": ["paris " * 600] * (limit // 3000)}).encode()
+    query = "paris " * 600
+    over = json.dumps({"queries": [query] * (limit // (len(query) + 4) + 20)}).encode()
     assert limit < len(over) < limit + 2**20  # over the app's limit, under waitress's backstop
     # A declared length over the limit, a chunked body over it (no length declared), a huge declared length.
     status, body = _raw_exchange(url, head + b"Content-Length: %d\r\n\r\n" % len(over) + over)

@@ -10,7 +10,7 @@ import pytest
 
 from agentgym_opsd.io import DataFileError
 from retrieval_index.corpus import normalize_record, split_title
-from retrieval_index.lucene import MAX_QUERY_CHARS, BM25Searcher, Hit, IndexNotFound, build_index, read_index_info
+from retrieval_index.lucene import ANSERINI_BATCH_MIN, MAX_QUERY_CHARS, BM25Searcher, Hit, IndexNotFound, build_index, read_index_info
 from retrieval_index.testing import wiki_slice_records
 
 
@@ -60,6 +60,20 @@ def test_batch_search_equals_one_by_one_in_order(searcher: BM25Searcher) -> None
         assert [(h.docid, round(h.score, 4)) for h in hits] == [(h.docid, round(h.score, 4)) for h in single]
     assert batch[1] == [] and batch[3] == []  # empty and all-stopword queries match nothing
     assert batch[0] and batch[2]
+
+
+def test_anserini_batches_and_one_by_one_batches_give_the_same_answers(searcher: BM25Searcher) -> None:
+    """threads=2 hands a batch of ANSERINI_BATCH_MIN or more queries to Anserini's thread pool; threads=1
+    (and smaller batches) search one query after another: ids, order and scores must not differ."""
+    words = ("France", "Egypt", "music", "river", "war", "physics", "Rome", "film", "king", "city", "art")
+    queries = [f"{a} {b}" for a in words for b in ("history", "famous", "origin", "capital", "war", "")][: ANSERINI_BATCH_MIN + 6]
+    assert len(queries) >= ANSERINI_BATCH_MIN
+    pooled = searcher.batch_search(queries, k=4, threads=2)
+    sequential = searcher.batch_search(queries, k=4, threads=1)
+    small = [hits for i in range(0, len(queries), 5) for hits in searcher.batch_search(queries[i : i + 5], k=4, threads=2)]
+    as_tuples = lambda rows: [[(h.docid, h.score, h.contents) for h in hits] for hits in rows]  # noqa: E731
+    assert as_tuples(pooled) == as_tuples(sequential) == as_tuples(small)
+    assert sum(1 for hits in pooled if hits) >= len(queries) - 2
 
 
 def test_queries_beyond_lucenes_default_clause_limit_work(searcher: BM25Searcher) -> None:

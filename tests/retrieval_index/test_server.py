@@ -14,7 +14,8 @@ from agentgym_opsd.app.cli import main as cli_main
 from retrieval_index.client import RetrievalClient, RetrievalRequestError, RetrievalServerDown
 from retrieval_index.lucene import BM25Searcher
 from retrieval_index.process import RetrievalServer
-from retrieval_index.server import Batcher
+from retrieval_index.corpus import Hit
+from retrieval_index.server import Batcher, ServerLimits, document
 
 QUERIES = ["capital of France", "who wrote the origin of species", "VIVA Media new name", "Evan Morris lobbyist"]
 
@@ -35,6 +36,12 @@ def test_retrieve_returns_what_lucene_finds(retrieval_server: RetrievalServer, s
         assert [item["document"]["id"] for item in row] == [h.docid for h in expected]
         assert [item["document"]["contents"] for item in row] == [h.contents for h in expected]
         assert [item["score"] for item in row] == pytest.approx([h.score for h in expected], rel=1e-6)
+        for item in row:  # Search-R1's split of "Title"\ntext: the first line without quotes, and the rest
+            first_line, rest = item["document"]["contents"].split("\n", 1)
+            assert item["document"]["title"] == first_line.strip('"') and item["document"]["text"] == rest
+    assert document(Hit("x", 1.0, "no title line")) == {"id": "x", "contents": "no title line"}
+    assert document(Hit("y", 1.0, '"Dune"\n"Dune" is a novel.\n')) == {
+        "id": "y", "title": "Dune", "text": '"Dune" is a novel.\n', "contents": '"Dune"\n"Dune" is a novel.\n'}
     # return_scores false: the bare documents (Search-R1's shape), same order.
     bare = requests.post(f"{retrieval_server.url}/retrieve", json={"queries": QUERIES[:2], "topk": 2, "return_scores": False}, timeout=30)
     assert bare.status_code == 200
@@ -60,15 +67,15 @@ BAD_BODIES = [
     (b"[1, 2]", "must be a JSON object"),
     (b"{}", 'missing "queries"'),
     (b'{"queries": "Paris"}', "must be a list"),
-    (b'{"queries": []}', "is empty"),
     (b'{"queries": ["Paris", 3]}', '"queries"[1] must be a string'),
     (b'{"queries": ["Paris"], "topk": 0}', "between 1 and"),
     (b'{"queries": ["Paris"], "topk": 101}', "between 1 and"),
     (b'{"queries": ["Paris"], "topk": "3"}', "must be an integer"),
     (b'{"queries": ["Paris"], "topk": true}', "must be an integer"),
     (b'{"queries": ["Paris"], "return_scores": "yes"}', "true or false"),
-    (json.dumps({"queries": ["Paris"] * 513}).encode(), "at most 512"),
+    (json.dumps({"queries": ["Paris"] * (ServerLimits.max_queries + 1)}).encode(), f"at most {ServerLimits.max_queries}"),
     (json.dumps({"queries": ["x" * 4097]}).encode(), "at most 4096"),
+    (json.dumps({"queries": ["Paris"] * 1000, "topk": 100}).encode(), "100000 passages; at most 65536"),
     ("{\"queries\": [\"\udcff\"]}".encode("utf-8", "surrogatepass"), "not valid JSON"),
     (b'{"queries": ["\\udcff"]}', "unpaired surrogate"),
 ]
@@ -82,7 +89,8 @@ def test_bad_requests_get_400_with_a_reason(retrieval_server: RetrievalServer, b
 
 
 def test_size_limits_and_unknown_routes_answer_json(retrieval_server: RetrievalServer) -> None:
-    big = b'{"queries": ["' + b"a" * (4 * 2**20 + 1000) + b'"]}'
+    limit = requests.get(f"{retrieval_server.url}/health", timeout=10).json()["limits"]["max_body_bytes"]
+    big = b'{"queries": ["' + b"a" * (limit + 1000) + b'"]}'
     r = requests.post(f"{retrieval_server.url}/retrieve", data=big, headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 413 and "larger than" in r.json()["error"]
     r = requests.get(f"{retrieval_server.url}/retrieve", timeout=10)
@@ -161,6 +169,19 @@ def test_batcher_coalesces_waiting_requests_into_one_search(searcher: BM25Search
         k = 3 if i == 0 else i
         assert [h.docid for h in results[q][0]] == [h.docid for h in searcher.search(q, k)]
     assert batcher.batches == 2 and batcher.largest_batch == 3
+
+
+def test_batcher_searches_a_large_request_in_slices(searcher: BM25Searcher) -> None:
+    """A request larger than one batch (Search-R1 sends 2,560 queries at once) runs as several
+    `batch_search` calls of at most `max_batch_queries`, its answers in order."""
+    recorder = _HeldSearcher(searcher, [])
+    recorder.release.set()
+    batcher = Batcher(recorder, lucene_threads=2, max_batch_queries=4)
+    queries = [f"{w} history" for w in ("France", "Egypt", "music", "river", "war", "physics", "Rome", "film", "art", "law")]
+    got = batcher.search(queries, 2)
+    assert [len(b) for b in recorder.batches] == [4, 4, 2]
+    assert [[h.docid for h in hits] for hits in got] == [[h.docid for h in searcher.search(q, 2)] for q in queries]
+    assert batcher.queries == 10 and batcher.batches == 3 and batcher.largest_batch == 4
 
 
 def test_batcher_hands_errors_to_every_request_of_the_batch(searcher: BM25Searcher) -> None:
