@@ -203,7 +203,7 @@ def _row_first_messages(episode: Episode, rows: TokenRows, r: int) -> list[dict[
     return episode_messages(episode, k, rows.contexts[int(rows.row_episode[r])])
 
 
-def _agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters):
+def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters):
     kwargs = rows.meta.get("chat_template_kwargs", {})
     seqs = []
     skill_cache: dict[tuple[str, str], str] = {}
@@ -265,7 +265,7 @@ def _turn_spans(rows: TokenRows, r: int) -> list[tuple[int, torch.Tensor]]:
 Insert = tuple[int, list[int], torch.Tensor]  # (s_k: the span's first row position, block ids, span row positions)
 
 
-def _stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) -> dict[int, list[Insert]]:
+def stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) -> dict[int, list[Insert]]:
     """For every row, the turns whose teacher context fits: where the hindsight block goes (s_k), the
     block (without the peer trajectory when only that fits), and the span's row positions."""
     peers = peer_episodes(episodes, rows) if config.hindsight_peer else {}
@@ -301,7 +301,7 @@ def _stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) -
 
 def _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, counters):
     seqs = []
-    for r, inserts in _stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters).items():
+    for r, inserts in stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters).items():
         row_ids = rows.input_ids[r]
         # Group insertion points into packs that fit (one pack per insertion without packing).
         packs: list[list[tuple[int, list[int], torch.Tensor]]] = []
@@ -386,7 +386,7 @@ def build_teacher_sequences(
     counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
     rows = rows.to("cpu")  # sequences are assembled on the CPU and moved per micro-batch
     if config.method == "agentopsd":
-        seqs = _agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
+        seqs = agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
     elif config.method in ("stepopsd", "rlsd"):
         seqs = _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, counters)
     else:
@@ -641,7 +641,7 @@ def score_teacher(
         if config.method in ("stepopsd", "rlsd") and strategy == "prefix":
             counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
             _check_rows(episodes, rows, config)
-            inserts = _stepopsd_inserts(tokenizer, episodes, rows.to("cpu"), config, limit, counters)
+            inserts = stepopsd_inserts(tokenizer, episodes, rows.to("cpu"), config, limit, counters)
             logprobs, scored, cost = score_inserts_with_prefix_cache(
                 model, rows.to("cpu"), inserts, micro_batch_tokens=micro_batch_tokens, temperature=temperature,
                 progress=progress,
