@@ -52,8 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--policy-episodes", type=int, default=0, help="also score the warm-started policy's own rollouts")
     ap.add_argument("--warm-start", choices=("plain", "literate"), default="plain")
     ap.add_argument("--literate-share", type=float, default=0.5)
-    ap.add_argument("--sft-episodes", type=int, default=600)
-    ap.add_argument("--sft-epochs", type=int, default=6)
+    ap.add_argument("--sft-episodes", type=int, default=400)
+    ap.add_argument("--sft-epochs", type=int, default=5)
     ap.add_argument("--tiny-hidden", type=int, default=128)
     ap.add_argument("--tiny-layers", type=int, default=2)
     ap.add_argument("--bootstrap", type=int, default=1000)
@@ -282,10 +282,9 @@ def main(argv=None) -> int:
                 token_student_items[side].append((tok_lp, tok_labels))
         entry = {}
         for side in ("success", "failure"):
-            if name == "stepopsd":  # its budget equalises every turn's mean |A~|: judge it at token level
-                continue
-            entry[f"turn/{side}/pooled"] = auc_with_interval(turn_items[side], args.bootstrap, rng)
-            entry[f"turn/{side}/within"] = auc_with_interval(turn_items[side], args.bootstrap, rng, strata=True)
+            if name != "stepopsd":  # StepOPSD's budget equalises every turn's mean |A~|: judged at token level
+                entry[f"turn/{side}/pooled"] = auc_with_interval(turn_items[side], args.bootstrap, rng)
+                entry[f"turn/{side}/within"] = auc_with_interval(turn_items[side], args.bootstrap, rng, strata=True)
             if token_items[side]:
                 entry[f"token/{side}"] = auc_with_interval(token_items[side], args.bootstrap, rng)
         results[name] = entry

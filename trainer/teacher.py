@@ -27,15 +27,16 @@ per row scores every turn. Skill notes: `trainer.env_knowledge.skill_text` (the 
 Cost (N = rows, T = row length, P = privileged prefix tokens, K = turns per row, H = hindsight block
 tokens, L_k = span tokens of turn k, s_k = its start):
     AgentOPSD: one forward per row of T + P tokens: N forwards, sum (T + P) tokens.
-    StepOPSD, packed (default with eager/sdpa attention): every insertion point of a row goes into
-        ONE sequence: the row's prefix up to the last insertion point, then for each turn a copy of
-        (hindsight block + span) that attends to the row prefix up to s_k and to itself (a custom
-        4-D attention mask, positions continuing from s_k). One forward per row: T + sum_k (H + L_k)
-        tokens, instead of sum_k (s_k + H + L_k) ~ K T / 2 for separate forwards. A row whose pack
-        would exceed the teacher's max length is split into several packs.
-    StepOPSD, per-turn (packing=False, or flash attention that has no custom masks): one sequence
-        per (row, turn): sum_k (s_k + H + L_k) tokens; window rows (one turn each) cost the same
-        either way.
+    StepOPSD, `prefix` (the default): the row's prefix up to its last insertion point runs once
+        with a key/value cache; then all the row's turns run as one batch of segments (hindsight
+        block + span), segment k reading the cached keys at positions < s_k and itself causally, with
+        positions continuing from s_k. T + sum_k (H + L_k) tokens through the MLPs, and each segment
+        token attends to at most s_k + H + L_k keys.
+    StepOPSD, `packed`: the same tokens in ONE sequence per row (prefix, then the segments) with a
+        block-causal 4-D mask: the same tokens, but attention over the whole packed length.
+    StepOPSD, `per-turn`: one sequence per (row, turn): sum_k (s_k + H + L_k) ~ K T / 2 tokens; what
+        the OpenRLHF bridge does (its actor forward takes no custom mask or cache). Window rows (one
+        turn each) cost the same either way. `benchmarks/teacher_speed.py` times the three.
 Truncation is never silent. A StepOPSD turn whose context does not fit is first scored without the
 peer trajectory (`peer_dropped`), then left unscored (`truncated`); an AgentOPSD row that does not
 fit has its tail unscored (`truncated`, `truncated_tokens`); the skill note is never cut. Unscored
