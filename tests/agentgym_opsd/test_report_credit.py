@@ -18,7 +18,6 @@ from agentgym_opsd.episode import save_episodes
 from agentgym_opsd.io import append_jsonl
 
 ENV = "agentgym/ALFWorld-Pick-v0"
-TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizers" / "qwen3"
 LAM, ALPHA, B = 0.2, 0.2, 0.2  # the spec's defaults for ALFWorld (StepOPSD lam_mix, alpha_clip; AgentOPSD b)
 AGENT_LAM = 0.5
 
@@ -36,13 +35,11 @@ def episodes(contract_options_alfworld):
 
 
 @pytest.fixture(scope="module")
-def model_and_tokenizer():
-    if not (TOKENIZER / "tokenizer.json").exists():
-        pytest.skip(f"needs the Qwen3 tokenizer at {TOKENIZER} (the shared data folder beside the repo)")
+def model_and_tokenizer(qwen3_tokenizer):
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    tokenizer = qwen3_tokenizer
     torch.manual_seed(0)
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
