@@ -1,7 +1,8 @@
 """Does per-turn credit land on the turns that mattered? Every method's credit against the env's oracle.
 
-    .venv/bin/python benchmarks/credit_quality.py                 # ALFWorld Pick, small rooms
-    .venv/bin/python benchmarks/credit_quality.py --warm-start literate --out runs/credit_quality
+    .venv/bin/python benchmarks/credit_quality.py                 # ALFWorld Pick, small rooms, literate warm start
+    .venv/bin/python benchmarks/credit_quality.py --warm-start plain
+
 
 1. A warm start (cached under OUT/warmstart-<kind>): a tiny Qwen3 fine-tuned on the env's expert with
    random detours, as the learning benchmark does. `--warm-start plain` imitates the expert's turns
@@ -50,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--detour", type=float, default=0.5, help="the expert's random-detour rate")
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--policy-episodes", type=int, default=0, help="also score the warm-started policy's own rollouts")
-    ap.add_argument("--warm-start", choices=("plain", "literate"), default="plain")
+    ap.add_argument("--warm-start", choices=("plain", "literate"), default="literate")
     ap.add_argument("--literate-share", type=float, default=0.5)
     ap.add_argument("--sft-episodes", type=int, default=400)
     ap.add_argument("--sft-epochs", type=int, default=5)

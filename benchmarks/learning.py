@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sft-epochs", type=int, default=6)
     ap.add_argument("--sft-noise", type=float, default=0.25)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
-    ap.add_argument("--sft-privileged", type=float, default=0.0, help="literate warm start: share of episodes")
+    ap.add_argument("--sft-privileged", type=float, default=0.5, help="literate warm start: share of episodes (0: plain)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tasks-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
