@@ -160,10 +160,8 @@ def main(argv=None) -> int:
     from agentgym_opsd.io import atomic_write_json
     from agentgym_opsd.rollout import EpisodeRequest, run_episodes
     from trainer.config import TrainConfig
-    from trainer.credit import compute_advantages
+    from trainer.credit_records import credit_pass
     from trainer.local import LocalTrainer
-    from trainer.rows import build_rows
-    from trainer.teacher import row_logprobs, score_teacher
     from trainer.warm_start import PerturbedExpert
 
     torch.set_num_threads(1)
@@ -221,15 +219,8 @@ def main(argv=None) -> int:
         if name == "stepopsd-nobudget":
             overrides["budget"] = False
         config = credit_config(args.env, method, **overrides)
-        rows = build_rows(episodes, tokenizer, span_mode=config.span_mode)
-        student = row_logprobs(model, rows)
-        if config.needs_teacher:
-            scores = score_teacher(model, tokenizer, episodes, rows, config)
-            batch = rows.credit_batch(student, scores.logprobs, scores.scored, scores.truncated)
-        else:
-            batch = rows.credit_batch(student)
-        advantages, _, parts = compute_advantages(batch, config, 0, return_parts=True)
-        A = parts.A_episode
+        rows, student, parts = credit_pass(model, model, tokenizer, episodes, config)  # a live teacher
+        advantages, A = parts.advantages, parts.A_episode
         turn_items = {"success": [], "failure": []}
         evidence_items = {"success": [], "failure": []}
         student_items = {"success": [], "failure": []}
