@@ -42,12 +42,27 @@ def _has_index(folder: Path) -> bool:
     return folder.is_dir() and any(folder.glob("segments_*"))
 
 
+class _Documents:
+    """The catalog's index records, made one at a time as the indexer reads them (a list of them all
+    held every product's search text at once: gigabytes for WebShop's 1.18M products); sized for the
+    progress bar."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    def __len__(self) -> int:
+        return len(self.catalog)
+
+    def __iter__(self):
+        return iter(self.catalog.documents())
+
+
 def _build(catalog: Catalog, target: Path, progress: bool) -> None:
     from retrieval_index.lucene import build_index  # noqa: PLC0415 (starts a JVM: imported when needed)
 
     try:
         # build_index writes beside `target` and renames into place: never a half-built index.
-        build_index(list(catalog.documents()), target, threads=1, progress=progress)
+        build_index(_Documents(catalog), target, threads=1, progress=progress)
     except FileExistsError:
         if not _has_index(target):  # not a concurrent build that finished first: a real error
             raise
