@@ -352,22 +352,26 @@ def read_jsonl_numbered(
     """
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        f = open(path, "rb")  # read line by line: a large file is never held whole
     except FileNotFoundError:
         raise DataFileError(f"{path}: no such file") from None
-    lines = raw.split(b"\n")
-    last = len(lines) - 1
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = parse_json(line, path, line=number)
-        except DataFileError as e:
-            if skip_torn_lines:
+    except IsADirectoryError:
+        raise DataFileError(f"{path}: is a folder, not a JSONL file") from None
+    with f:
+        for number, line in enumerate(f, start=1):
+            complete = line.endswith(b"\n")  # else the last line, without its newline: a torn append
+            if complete:
+                line = line[:-1]
+            if not line.strip():
                 continue
-            if number - 1 == last:
-                raise DataFileError(str(e).replace(": invalid JSON:", ": truncated last line:", 1)) from None
-            raise
-        if not isinstance(obj, dict):
-            raise DataFileError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
-        yield number, obj
+            try:
+                obj = parse_json(line, path, line=number)
+            except DataFileError as e:
+                if skip_torn_lines:
+                    continue
+                if not complete:
+                    raise DataFileError(str(e).replace(": invalid JSON:", ": truncated last line:", 1)) from None
+                raise
+            if not isinstance(obj, dict):
+                raise DataFileError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+            yield number, obj

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.core import EnvUnavailable
-from agentgym_opsd.io import DataFileError, iter_json_array, parse_json, read_json_file
+from agentgym_opsd.io import DataFileError, iter_json_array, read_json_file, read_jsonl_numbered
 
 __all__ = [
     "Product",
@@ -262,20 +262,13 @@ def _read_json(path: Path) -> Any:
 def _iter_documents(path: Path) -> Iterator[dict[str, Any]]:
     """The `product` of each line of a WebShop `documents.jsonl`, read line by line."""
     try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        raise CatalogError(f"{path}: no such file (pass the path of a WebShop documents.jsonl)") from None
-    with f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = parse_json(line, path, line=number)
-            except DataFileError as e:
-                raise CatalogError(str(e)) from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("product"), dict):
+        for number, obj in read_jsonl_numbered(path):
+            if not isinstance(obj.get("product"), dict):
                 raise CatalogError(f"{path}:{number}: expected a WebShop document {{'id', 'contents', 'product'}}")
             yield obj["product"]
+    except DataFileError as e:  # names the file and the line
+        hint = " (pass the path of a WebShop documents.jsonl)" if "no such file" in str(e) else ""
+        raise CatalogError(f"{e}{hint}") from None
 
 
 def _iter_items(path: Path) -> Iterator[Any]:

@@ -1,4 +1,5 @@
-"""`iter_json_array`: one JSON array read an element at a time (WebShop's item files are gigabytes)."""
+"""Large data files read a record at a time: `iter_json_array` (one JSON array: WebShop's item files are
+gigabytes) and `read_jsonl_numbered` (JSONL: WebShop's documents.jsonl, corpora, episodes)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.io import DataFileError, iter_json_array
+from agentgym_opsd.io import DataFileError, iter_json_array, read_jsonl_numbered
 
 
 def _values(rng: random.Random, depth: int = 0):
@@ -95,3 +96,23 @@ def test_missing_file_and_not_utf8(tmp_path: Path) -> None:
     (tmp_path / "latin.json").write_bytes(b'["caf\xe9"]')
     with pytest.raises(DataFileError, match="latin.json:1: invalid JSON: not UTF-8"):
         list(iter_json_array(tmp_path / "latin.json"))
+
+
+def test_jsonl_records_come_before_the_file_is_read_to_its_end(tmp_path: Path, monkeypatch) -> None:
+    """read_jsonl_numbered holds one line, not the file (it used to read the whole file first)."""
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps({"i": i, "text": "x" * 200}) + "\n" for i in range(5000)))
+    opened = []
+    real_open = open
+
+    def tracking_open(p, mode="r", *a, **k):
+        f = real_open(p, mode, *a, **k)
+        opened.append(f)
+        return f
+
+    monkeypatch.setattr("builtins.open", tracking_open)
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("the whole file was read"))
+    records = read_jsonl_numbered(path)
+    assert next(records) == (1, {"i": 0, "text": "x" * 200})
+    assert opened and opened[0].tell() < path.stat().st_size
+    assert sum(1 for _ in records) == 4999
