@@ -10,6 +10,8 @@ import random
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
 from environments.webshop import search as search_module
 from environments.webshop.catalog import Catalog
 
@@ -104,7 +106,7 @@ def test_the_search_index_reads_products_one_at_a_time(tmp_path: Path, monkeypat
     monkeypatch.setattr(catalog, "documents", counting_documents)
     seen = []
 
-    def fake_build_index(records, out_dir, **kwargs):
+    def fake_build(records, out_dir, **kwargs):
         assert len(records) == 20
         for record in records:
             assert len(made) == len(seen) + 1, "the records were made before the indexer asked for them"
@@ -113,6 +115,20 @@ def test_the_search_index_reads_products_one_at_a_time(tmp_path: Path, monkeypat
 
     import retrieval_index.lucene
 
-    monkeypatch.setattr(retrieval_index.lucene, "build_index", fake_build_index)
+    monkeypatch.setattr(retrieval_index.lucene, "build_index_in_child", fake_build)
     search_module._build(catalog, tmp_path / "index", progress=False)
     assert [r["id"] for r in seen] == [p.asin for p in catalog.products]
+
+
+def test_the_env_process_builds_no_index_itself(tmp_path: Path, monkeypatch) -> None:
+    """The search index is built in a child process: the indexing JVM's heap, which grows with the
+    catalog (0.7 GB at 100k products) and which a JVM keeps, does not stay in the env's process."""
+    import retrieval_index.lucene
+
+    path = tmp_path / "items_shuffle_30.json"
+    write_items(path, 30)
+    catalog = Catalog.from_files(path)
+    monkeypatch.setattr(retrieval_index.lucene, "build_index", lambda *a, **k: pytest.fail("indexed in the env's process"))
+    search = search_module.ProductSearch(catalog, tmp_path / "index")
+    target = catalog.products[7]
+    assert search.search(target.title)[0] == target.asin
