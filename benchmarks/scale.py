@@ -741,35 +741,50 @@ def metric(family: str, key: str, figures: dict[str, Any]) -> float | None:
 
 
 def fit(sizes: list[float], values: list[float], inverse: bool = False) -> dict[str, Any] | None:
-    """Fit y = a + b*n (linear) and y = a + b*n*ln(n) (n log n) by least squares on relative errors, and
-    the log-log slope (the growth exponent). `inverse`: fit 1/y (time per query for a throughput).
+    """Fit how a cost grows with the size n, and pick the model that fits best (smallest largest relative
+    error); `inverse`: fit 1/y (time per query for a throughput).
 
-    Returns the better model by its largest relative error, with R^2 (in y), both models' errors, the
-    exponent, and a `predict(n)` for extrapolation. None with fewer than two sizes."""
+    Models: `linear` y = a + b*n and `n log n` y = a + b*n*ln(n) (least squares on relative errors; a
+    is the fixed cost: a JVM's start, imports), and `constant` (the weighted mean) where both have a
+    falling cost (b < 0: flat within the noise; they would extrapolate to nothing). A power law
+    y = c*n^k is fitted for its exponent k (how fast the cost grows between the sizes measured, the
+    "growth n^k" column) but not used to extrapolate: with a fixed cost, a power law through small
+    sizes bends below the linear growth that follows. Returns the models' R^2 (in y) and largest
+    relative errors, the chosen one, and k. None with fewer than two sizes."""
     n = np.asarray(sizes, float)
     y = np.asarray(values, float)
     if len(n) < 2 or np.any(y <= 0):
         return None
     target = 1.0 / y if inverse else y
-    out: dict[str, Any] = {"points": len(n), "exponent": round(float(np.polyfit(np.log(n), np.log(target), 1)[0]), 3)}
-    models = {}
+    slope, intercept = np.polyfit(np.log(n), np.log(target), 1)
+    out: dict[str, Any] = {"points": len(n), "exponent": round(float(slope), 3)}
+    ss = float(((target - target.mean()) ** 2).sum())
+
+    def quality(pred: np.ndarray) -> dict[str, float]:
+        r2 = 1.0 - float(((target - pred) ** 2).sum()) / ss if ss > 0 else 1.0
+        return {"r2": round(r2, 4), "max_rel_err": round(float(np.max(np.abs(pred - target) / target)), 4)}
+
+    w = 1.0 / target
+    models: dict[str, dict[str, Any]] = {}
     for name, g in (("linear", n), ("n log n", n * np.log(n))):
-        w = 1.0 / target
         A = np.stack([np.ones_like(n), g], axis=1) * w[:, None]
         (a, b), *_ = np.linalg.lstsq(A, target * w, rcond=None)
-        pred = a + b * g
-        ss = float(((target - target.mean()) ** 2).sum())
-        r2 = 1.0 - float(((target - pred) ** 2).sum()) / ss if ss > 0 else 1.0
-        models[name] = {"a": float(a), "b": float(b), "r2": round(r2, 4), "max_rel_err": round(float(np.max(np.abs(pred - target) / target)), 4)}
-    best = min(models, key=lambda m: (models[m]["max_rel_err"], m != "linear"))
+        models[name] = {"a": float(a), "b": float(b), **quality(a + b * g), "usable": bool(b >= 0)}
+    mean = float((target * w).sum() / w.sum())
+    models["constant"] = {"a": mean, **quality(np.full_like(target, mean)), "usable": not (models["linear"]["usable"] or models["n log n"]["usable"])}
+    usable = [m for m in ("linear", "n log n", "constant") if models[m]["usable"]]
+    best = min(usable, key=lambda m: models[m]["max_rel_err"])
     out.update({"model": best, "models": models, "r2": models[best]["r2"], "max_rel_err": models[best]["max_rel_err"]})
     return out
 
 
 def predict(f: dict[str, Any], n: float, inverse: bool = False) -> float:
-    m = f["models"][f["model"]]
-    g = n if f["model"] == "linear" else n * math.log(n)
-    value = m["a"] + m["b"] * g
+    name = f["model"]
+    m = f["models"][name]
+    if name == "constant":
+        value = m["a"]
+    else:
+        value = m["a"] + m["b"] * (n if name == "linear" else n * math.log(n))
     if value <= 0:
         return float("nan")
     return 1.0 / value if inverse else value
@@ -873,7 +888,28 @@ def plot_family(family: str, runs: dict[str, dict[str, Any]], fits: dict[str, An
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def write_report(results: dict[str, Any], out: Path) -> str:
+def before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Markdown rows comparing the sizes measured in both runs (`--before`: the results.json of the same
+    script on the code before a change)."""
+    lines = ["## Before and after", "",
+             "The same sizes measured on the code before the changes (`--before`) and after.", "",
+             "| family | size | figure | before | after | after / before |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for family in ("retrieval", "webshop", "alfworld"):
+        old_runs, new_runs = before.get("runs", {}).get(family, {}), after.get("runs", {}).get(family, {})
+        for size in sorted(set(old_runs) & set(new_runs), key=int):
+            for key, label, _ in METRICS[family]:
+                a, b = metric(family, key, old_runs[size]), metric(family, key, new_runs[size])
+                if a is None or b is None:
+                    continue
+                ratio = f"{b / a:.2f}" if a else "–"
+                lines.append(f"| {family} | {int(size):,} | {label} | {_fmt(a)} | {_fmt(b)} | {ratio} |")
+            loads = [runs[size].get("load", {}) for runs in (old_runs, new_runs)]
+            cells = " | ".join(f"{load.get('load_mean')} / {load.get('load_max')}" for load in loads)
+            lines.append(f"| {family} | {int(size):,} | load average (mean / max) | {cells} | |")
+    return lines + [""]
+
+
+def write_report(results: dict[str, Any], out: Path, before: dict[str, Any] | None = None) -> str:
     """scale.md and one PNG per family from results.json's figures; returns the markdown."""
     from agentgym_opsd.io import atomic_write_json, atomic_write_text
 
@@ -895,6 +931,8 @@ def write_report(results: dict[str, Any], out: Path) -> str:
         commands = sorted({r.get("command", "") for r in runs.values()} - {""})
         if commands:
             parts += ["Measured with: " + "; ".join(f"`{c}`" for c in commands), ""]
+    if before:
+        parts += before_after(before, results)
     text = "\n".join(parts)
     atomic_write_text(out / "scale.md", text)
     atomic_write_json(out / "fits.json", all_fits)
@@ -914,6 +952,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--webshop", type=int, nargs="*", default=[], metavar="PRODUCTS")
     parser.add_argument("--alfworld", type=int, nargs="*", default=[], metavar="GAMES", help="multiples of 6")
     parser.add_argument("--report", action="store_true", help="only write the table and plots from results.json")
+    parser.add_argument("--before", default=None, metavar="RESULTS_JSON",
+                        help="add a before/after table against this results.json (the same sizes measured on older code)")  # fmt: skip
     parser.add_argument("--out", default=str(REPO / "runs" / "scale"), help="results.json, scale.md, PNGs (default runs/scale)")
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "agentgym-scale"),
                         help="generated corpora, catalogs, panels, indexes (deleted after each size)")  # fmt: skip
@@ -980,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
             figures["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
             results["runs"].setdefault(family, {})[str(n)] = figures
             atomic_write_json(results_path, results)
-    text = write_report(results, out)
+    text = write_report(results, out, json.loads(Path(args.before).read_text()) if args.before else None)
     print(text)
     print(f"\n{out / 'scale.md'} and the PNGs beside it; every figure in {results_path} "
           f"({time.perf_counter() - started:.0f} s)")  # fmt: skip
