@@ -1,21 +1,28 @@
 """Shared test set-up.
 
-- `shared_data` fixture: paths under ../shared/data (real public samples); a test that needs an
-  absent file skips with the reason.
+- `shared_data` fixture: paths under ../shared/data (real public samples); only benchmarks and the
+  tests of real data sets (QA questions, WebShop products, the real ALFWorld game) use it, and skip
+  with the data set's name when it is absent.
+- Small fixtures ship in tests/data (see tests/data/README.md), so a clone from a public host runs
+  every other test: the real Qwen3 tokenizer (`qwen3_tokenizer_dir`, `qwen3_tokenizer`, `tiny_qwen3`)
+  and a slice of three Wikipedia passage corpora (`wiki_slice_dir`), each `*.xz` decompressed once
+  per session into a temporary folder.
 - The example plug-in env package (tests/data/example_plugin) is put on sys.path and registered
   through its entry-point metadata, as an installed third-party package would be.
 - The contract suite (tests/test_contract.py) runs on every registered id; an env family whose envs
   need options in tests (a server URL, a data path) provides a fixture named
   `contract_options_<family lowercased>` returning the keyword arguments for `gymnasium.make` (a dict,
   or a function `env id -> dict` where the ids of one family need different options).
-- `wiki_index` / `retrieval_server`: one real Lucene index of a slice of ../shared/data/wiki and one
-  real retrieval server on a free loopback port over it, shared by the whole session.
+- `wiki_index` / `retrieval_server`: one real Lucene index of the shipped wiki slice and one real
+  retrieval server on a free loopback port over it, shared by the whole session.
 """
 
 from __future__ import annotations
 
 import contextlib
+import lzma
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +31,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-EXAMPLE_PLUGIN = Path(__file__).resolve().parent / "data" / "example_plugin"
+TEST_DATA = Path(__file__).resolve().parent / "data"
+EXAMPLE_PLUGIN = TEST_DATA / "example_plugin"
 
 # alfworld writes to ~/.cache/alfworld at import unless ALFWORLD_DATA is set.
 os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "alfworld"))
@@ -39,12 +47,35 @@ from agentgym_opsd.registry import entry, load_plugins, registered_envs  # noqa:
 load_plugins(reload=True)
 
 
+# The real data sets of ../shared/data, by folder (shared/data/README.md gives their sources).
+SHARED_DATA_SETS = {
+    "qa": "the real NQ-open / TriviaQA / HotpotQA question samples",
+    "webshop": "the real WebShop product sample",
+    "alfworld": "the real ALFWorld game (ALFRED json_2.1.1)",
+    "wiki": "the real Wikipedia passage corpora",
+}
+
+
 def require_shared_data(*parts: str) -> Path:
-    """A path under ../shared/data, or skip the test with the reason."""
+    """A path under ../shared/data, or skip the test with the reason (which data set, where)."""
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"needs {path} (the shared real-data folder beside the repo); it is absent here")
+        data_set = SHARED_DATA_SETS.get(parts[0], "a real data set") if parts else "the real data sets"
+        pytest.skip(f"needs {data_set}: {path} is absent (the shared real-data folder beside the repo)")
     return path
+
+
+def unpack_test_data(name: str, out: Path) -> Path:
+    """A copy of the folder tests/data/`name` at `out`, each `X.xz` file decompressed to `X`
+    (xz checks its CRC-64, so a damaged file is an error, not a subtly different fixture)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted((TEST_DATA / name).iterdir()):
+        if path.suffix == ".xz":
+            with lzma.open(path) as src, open(out / path.stem, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        elif path.is_file():
+            shutil.copyfile(path, out / path.name)
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -71,11 +102,18 @@ def env_options(request: pytest.FixtureRequest, registered_env_id: str) -> dict:
 
 
 @pytest.fixture(scope="session")
-def wiki_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real Lucene index (pyserini) of a slice of ../shared/data/wiki, built once per session."""
+def wiki_slice_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped slice of the Wikipedia passage corpora (tests/data/wiki): exactly the passages that
+    `retrieval_index.testing.WIKI_FILES` takes, under the corpora's own file names."""
+    return unpack_test_data("wiki", tmp_path_factory.mktemp("wiki"))
+
+
+@pytest.fixture(scope="session")
+def wiki_index(wiki_slice_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real Lucene index (pyserini) of the shipped wiki slice, built once per session."""
     from retrieval_index.testing import build_wiki_slice_index
 
-    return build_wiki_slice_index(require_shared_data("wiki"), tmp_path_factory.mktemp("wiki_index") / "index")
+    return build_wiki_slice_index(wiki_slice_dir, tmp_path_factory.mktemp("wiki_index") / "index")
 
 
 @pytest.fixture(scope="session")
@@ -88,9 +126,10 @@ def retrieval_server(wiki_index: Path):
 
 
 @pytest.fixture(scope="session")
-def contract_options_searchqa(retrieval_server, tmp_path_factory: pytest.TempPathFactory):
-    """Search-QA ids: the ../shared/data/qa sets against the session's server; the synthetic set over its
-    own index (built in a temporary folder; the env serves it from a child process)."""
+def contract_options_searchqa(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Search-QA ids: the ../shared/data/qa sets against the session's server (started only for them);
+    the synthetic set over its own index (built in a temporary folder; the env serves it from a child
+    process), so it needs no shared data."""
     from environments.searchqa.synthetic import ensure_synthetic_index
 
     synthetic_index = ensure_synthetic_index(tmp_path_factory.mktemp("synthetic"))
@@ -101,7 +140,8 @@ def contract_options_searchqa(retrieval_server, tmp_path_factory: pytest.TempPat
         subset = entry(env_id).subset
         if subset == "synthetic":
             return {"index_dir": str(synthetic_index)}
-        return {"data_file": str(require_shared_data("qa", files[subset])), "server_url": retrieval_server.url}
+        data_file = require_shared_data("qa", files[subset])
+        return {"data_file": str(data_file), "server_url": request.getfixturevalue("retrieval_server").url}
 
     return options
 
@@ -114,14 +154,18 @@ def contract_options_alfworld() -> dict:
 
 
 @pytest.fixture(scope="session")
-def qwen3_tokenizer():
+def qwen3_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the real Qwen3 tokenizer (tokenizer.json, tokenizer_config.json with the chat
+    template), unpacked from tests/data/tokenizers/qwen3."""
+    return unpack_test_data("tokenizers/qwen3", tmp_path_factory.mktemp("tokenizers") / "qwen3")
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer(qwen3_tokenizer_dir: Path):
     """The real Qwen3 tokenizer (fast, with its chat template)."""
-    tokenizer_dir = SHARED_DATA / "tokenizers" / "qwen3"
-    if not (tokenizer_dir / "tokenizer.json").exists():
-        pytest.skip(f"needs the Qwen3 tokenizer at {tokenizer_dir} (the shared data folder beside the repo)")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -130,21 +174,13 @@ def qwen3_tokenizer():
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_qwen3(qwen3_tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A seeded random Qwen3 (hidden 32, 2 layers) with the real Qwen3 tokenizer and chat template,
     saved as a model folder."""
-    tokenizer_dir = SHARED_DATA / "tokenizers" / "qwen3"
-    if not (tokenizer_dir / "tokenizer.json").exists():
-        pytest.skip(f"needs the Qwen3 tokenizer at {tokenizer_dir} (the shared data folder beside the repo)")
     import torch
-    from transformers import (
-        AutoTokenizer,
-        GenerationConfig,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = qwen3_tokenizer
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,

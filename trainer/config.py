@@ -29,7 +29,10 @@ class TrainConfig:
         context: the context policy (`full` or `window:k`).
         sft_*: supervised warm start on expert episodes (0 episodes: none); sft_noise: the chance
             that a turn of an expert episode is a random admissible action instead (a detour the
-            expert then recovers from; only the expert's own turns are trained on).
+            expert then recovers from; only the expert's own turns are trained on);
+            sft_privileged: the share of warm-start episodes (both outcomes) also taught in the
+            teacher's privileged contexts (a literate teacher, `trainer.warm_start`), which
+            `sft_privileged_context` picks: `both`, `hindsight` (StepOPSD) or `skills` (AgentOPSD).
         steps, tasks_per_step, group_size: updates, and T tasks x G episodes per update.
         lr, weight_decay, max_grad_norm, clip_eps, kl_coef, ppo_epochs, mini_batches, micro_batch_tokens:
             the update (ppo_epochs x mini_batches optimizer steps per batch of rollouts).
@@ -38,7 +41,9 @@ class TrainConfig:
         temperature, max_new_tokens: sampling during rollouts.
         (the teacher, `live` policy or `stale` snapshot refreshed every N updates, is set in `credit`:
         teacher_mode, teacher_refresh)
-        eval_every, eval_episodes, eval_seed, eval_temperature: the held-out panel.
+        eval_every, eval_episodes, eval_seed, eval_temperature: the held-out panel; eval_seeds: its
+            reset seeds (default: eval_seed .. eval_seed + eval_episodes - 1); eval_before: evaluate
+            before the first update too (off when a shared warm start was evaluated already).
         save_every: checkpoint every N updates (and at the end); 0: never (the run cannot be resumed).
         credit_records: write what each update's credit gave each turn to credit.jsonl (for the report).
         cpu_threads: torch threads on CPU (0: torch's default). One by default: a tiny model's ops are
@@ -67,6 +72,8 @@ class TrainConfig:
     sft_batch_tokens: int = 4096
     sft_noise: float = 0.0
     sft_seed: int = 1_000_000
+    sft_privileged: float = 0.0
+    sft_privileged_context: str = "both"
     steps: int = 10
     tasks_per_step: int = 4
     group_size: int = 4
@@ -85,6 +92,8 @@ class TrainConfig:
     eval_episodes: int = 32
     eval_seed: int = 0
     eval_temperature: float = 0.0
+    eval_seeds: list[int] = field(default_factory=list)
+    eval_before: bool = True
     save_every: int = 1
     num_envs: int = 0
     cpu_threads: int = 1
@@ -109,6 +118,12 @@ class TrainConfig:
             raise TrainError("--eval-every must be >= 0 (0: evaluate only before and after training)")
         if not 0.0 <= self.sft_noise < 1.0:
             raise TrainError("--sft-noise must be in [0, 1)")
+        if not 0.0 <= self.sft_privileged <= 1.0:
+            raise TrainError("--sft-privileged must be in [0, 1] (the share of warm-start episodes taught with privileged context)")
+        from trainer.warm_start import PRIVILEGED_CONTEXTS
+
+        if self.sft_privileged_context not in PRIVILEGED_CONTEXTS:
+            raise TrainError(f"--sft-privileged-context {self.sft_privileged_context!r}: use one of {', '.join(PRIVILEGED_CONTEXTS)}")
         agentgym_opsd.ContextPolicy.parse(self.context)
         self.credit_config()
 

@@ -166,7 +166,7 @@ class LocalTrainer:
         evaluation and checkpoints, then the final evaluation, model, plots and report."""
         self.start()
         cfg = self.config
-        if 0 not in self.evaluated_steps and (cfg.eval_episodes > 0):
+        if 0 not in self.evaluated_steps and cfg.eval_episodes > 0 and cfg.eval_before:
             self.evaluate()
             self._checkpoint()
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.method} updates", unit="upd",
@@ -254,15 +254,16 @@ class LocalTrainer:
             name=name,
         )
 
-    def _expert_episodes(self, n: int, *, progress: str = "expert episodes") -> tuple[list[Episode], set]:
-        """`n` episodes of the (perturbed) expert on seeds sft_seed.., and the detour turns."""
+    def _expert_episodes(self, n: int, *, progress: str = "expert episodes") -> tuple[list[Episode], PerturbedExpert]:
+        """`n` episodes of the (perturbed) expert on seeds sft_seed.., and the expert (its detours and
+        their corrections)."""
         requests = [EpisodeRequest(seed=self.config.sft_seed + i, episode_id=f"expert-{i}") for i in range(n)]
         expert = PerturbedExpert(self.config.sft_noise, seed=self.config.seed)
         episodes = run_episodes(
             self.make_env, expert, requests, num_envs=min(16, max(1, n)), context=self.config.context,
             progress=progress if self.progress else False,
         )
-        return episodes, expert.detours
+        return episodes, expert
 
     # -- token rows and log-probs -----------------------------------------------------------
 
@@ -302,52 +303,87 @@ class LocalTrainer:
     # -- SFT warm start ---------------------------------------------------------------------
 
     def sft(self) -> dict[str, Any]:
-        """Supervised fine-tuning on the successful episodes of the env's expert: token-mean
-        cross-entropy of the expert's turns (observations are context only)."""
+        """Supervised fine-tuning on the env's expert: token-mean cross-entropy of the expert's own
+        turns of its successful episodes (observations are context only), and with
+        `sft_privileged` > 0 the teacher's privileged contexts too (`trainer.warm_start`)."""
         cfg = self.config
         started = time.perf_counter()
-        played, detours = self._expert_episodes(cfg.sft_episodes)
+        played, expert = self._expert_episodes(cfg.sft_episodes)
         episodes = [e for e in played if e.success and not e.error]
         if not episodes:
             raise TrainError(f"{cfg.env_id}: the expert solved none of {cfg.sft_episodes} episodes; nothing to warm-start on")
         save_episodes(self.out / "episodes" / "sft_expert.jsonl", episodes)
         rows = self.rows(episodes)
-        target, detour_turns = sft_targets(rows, episodes, detours)  # the expert's own turns only
-        self._make_optimizer(cfg.sft_lr)
+        target, detour_turns = sft_targets(rows, episodes, expert.detours)  # the expert's own turns only
+        examples = [(rows.input_ids[r, : int(rows.length[r])], target[r, : int(rows.length[r])]) for r in range(rows.num_rows)]
+        examples = [x for x in examples if bool(x[1].any())]
         generated_tokens = int(target.sum())
+        privileged = self._privileged_examples([e for e in played if not e.error], expert.corrections)
+        examples += privileged
+        self._make_optimizer(cfg.sft_lr)
         bar = tqdm(total=cfg.sft_epochs, desc="SFT warm start", unit="epoch", disable=not self.progress)
         loss_value = float("nan")
         sft_rng = np.random.default_rng(cfg.seed + 7)
         for epoch in range(cfg.sft_epochs):
-            batches = self._batches(rows, cfg.sft_batch_tokens)
-            order = sft_rng.permutation(len(batches))
-            total, count = 0.0, 0
-            for b in order:
-                mb = self._slice(rows, batches[b])
-                mask = target[torch.tensor(batches[b]), : mb["input_ids"].shape[1]].to(self.model.device)
-                if not bool(mask.any()):  # only detour turns here: nothing to imitate
-                    continue
-                lp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mask)
-                n = mask.sum().clamp(min=1)
-                loss = -(lp * mask).sum() / n
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                self.optimizer.step()
-                total += loss.item() * int(n)
-                count += int(n)
-            loss_value = total / max(1, count)
+            loss_value = self._sft_epoch(examples, sft_rng)
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}")
             self.log({"kind": "sft", "step": 0, "sft/epoch": epoch + 1, "sft/loss": loss_value})
         bar.close()
         record = {
             "kind": "sft_done", "step": 0, "sft/episodes": len(episodes), "sft/generated_tokens": generated_tokens,
-            "sft/detour_turns": detour_turns,
+            "sft/detour_turns": detour_turns, "sft/privileged_examples": len(privileged),
             "sft/loss": loss_value, "sft/seconds": time.perf_counter() - started,
         }
         self.log(record)
         return record
+
+    def _privileged_examples(self, played: list[Episode], corrections: dict) -> list:
+        """The literate warm start's examples (`trainer.warm_start.privileged_examples`) on a share
+        `sft_privileged` of the played expert episodes, both outcomes."""
+        cfg = self.config
+        if cfg.sft_privileged <= 0 or not played:
+            return []
+        from trainer.env_knowledge import credit_config
+        from trainer.warm_start import privileged_examples
+
+        pick = np.random.default_rng(cfg.seed + 11).random(len(played)) < cfg.sft_privileged
+        chosen = [e for e, keep in zip(played, pick, strict=True) if keep]
+        context_keys = {"hindsight_reference", "hindsight_peer", "peer_format", "peer_max_chars", "skills_dir", "teacher_max_length"}
+        shared = {k: v for k, v in cfg.credit.items() if k in context_keys}
+        hindsight = credit_config(cfg.env_id, "stepopsd", **shared) if cfg.sft_privileged_context in ("both", "hindsight") else None
+        skills = credit_config(cfg.env_id, "agentopsd", **shared) if cfg.sft_privileged_context in ("both", "skills") else None
+        limit = int(getattr(self.model.config, "max_position_embeddings", 32768) or 32768)
+        return privileged_examples(self.tokenizer, chosen, corrections, hindsight_config=hindsight, skills_config=skills,
+                                   max_length=limit, chat_template_kwargs=cfg.chat_template_kwargs, seed=cfg.seed + 13)
+
+    def _sft_epoch(self, examples: list, rng) -> float:
+        """One pass over (ids, target mask) examples in shuffled micro-batches of about
+        `sft_batch_tokens` padded tokens; returns the epoch's token-mean loss."""
+        cfg = self.config
+        lengths = [int(ids.numel()) for ids, _ in examples]
+        batches = micro_batches(lengths, cfg.sft_batch_tokens)
+        total, count = 0.0, 0
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        for b in rng.permutation(len(batches)):
+            chosen = [examples[i] for i in batches[b]]
+            width = max(ids.numel() for ids, _ in chosen)
+            ids = torch.full((len(chosen), width), int(pad), dtype=torch.long)
+            attention = torch.zeros((len(chosen), width), dtype=torch.long)
+            mask = torch.zeros((len(chosen), width), dtype=torch.bool)
+            for j, (x, m) in enumerate(chosen):
+                ids[j, : x.numel()], attention[j, : x.numel()], mask[j, : x.numel()] = x, 1, m
+            device = self.model.device
+            lp = token_logprobs(self.model, ids.to(device), attention.to(device), mask.to(device))
+            n = mask.sum().clamp(min=1)
+            loss = -(lp * mask.to(device)).sum() / n.to(device)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+            total += loss.item() * int(n)
+            count += int(n)
+        return total / max(1, count)
 
     # -- one RL update ----------------------------------------------------------------------
 
@@ -557,11 +593,12 @@ class LocalTrainer:
     # -- evaluation -------------------------------------------------------------------------
 
     def evaluate(self) -> dict[str, Any]:
-        """The held-out panel: seeds eval_seed .. eval_seed + n - 1 on the eval env, sampled with a
-        generator of its own (the training RNG streams are untouched); success per subset."""
+        """The held-out panel: `eval_seeds` (else eval_seed .. eval_seed + n - 1) on the eval env,
+        sampled with a generator of its own (the training RNG streams are untouched); success per subset."""
         cfg = self.config
         agent = self.agent(temperature=cfg.eval_temperature, seed=cfg.seed + 12345, name=f"{cfg.method}@{self.step}")
-        requests = [EpisodeRequest(seed=cfg.eval_seed + i, episode_id=f"eval{self.step}-{i}") for i in range(cfg.eval_episodes)]
+        seeds = list(cfg.eval_seeds) if cfg.eval_seeds else [cfg.eval_seed + i for i in range(cfg.eval_episodes)]
+        requests = [EpisodeRequest(seed=int(s), episode_id=f"eval{self.step}-{i}") for i, s in enumerate(seeds)]
         started = time.perf_counter()
         episodes = run_episodes(
             self.make_eval_env, agent, requests, num_envs=cfg.num_envs or min(64, len(requests)), context=cfg.context,

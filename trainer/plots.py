@@ -1,9 +1,11 @@
-"""Learning curves of a run, from its metrics.jsonl, as PNG files (matplotlib, no display needed).
+"""Learning curves of runs, from their metrics.jsonl, as PNG files (matplotlib, no display needed).
 
-`plot_run(OUT)` writes OUT/curves/success.png (held-out success per subset and training success),
-reward.png, kl.png (KL to the initial policy, KL old -> new, clip fraction, entropy) and credit.png
-(every `credit/*` diagnostic the credit core logged). `plot_comparison` draws the held-out success of
-several runs on one figure (benchmarks/learning.py).
+The one training-curve plotter of the project: `curves_png(runs, metrics)` draws one panel per
+metric and one line per run against the update. `plot_run(OUT)` writes OUT/curves/success.png
+(held-out success per subset and training success), reward.png, kl.png (KL to the initial policy,
+KL old -> new, clip fraction, entropy) and credit.png (every `credit/*` diagnostic the credit core
+logged). `plot_comparison` draws the held-out success of several runs on one figure
+(benchmarks/learning.py); the report's training section draws its methods with `curves_png`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from typing import Any
 
 from agentgym_opsd.io import atomic_write_bytes, read_jsonl_numbered
 
-__all__ = ["plot_run", "plot_comparison", "read_metrics"]
+__all__ = ["curves_png", "plot_run", "plot_comparison", "read_metrics"]
+
+# Runs that log the same values must not hide one another: each has its own marker, size and line
+# style, the first drawn largest and hollow.
+_STYLES = [("o", 7, "-"), ("s", 4, "--"), ("^", 4, ":"), ("D", 3, "-."), ("v", 4, "-")]
 
 
 def read_metrics(out: str | Path) -> list[dict[str, Any]]:
@@ -25,51 +31,98 @@ def read_metrics(out: str | Path) -> list[dict[str, Any]]:
     return [r for _, r in read_jsonl_numbered(path, skip_torn_lines=True)]
 
 
-def _series(records: Sequence[dict[str, Any]], kind: str, key: str) -> tuple[list[float], list[float]]:
+def _series(records: Sequence[dict[str, Any]], kind: str | None, key: str) -> tuple[list[float], list[float]]:
+    """(update, value) of the finite values of `key` in the records of `kind` (None: any kind); the
+    update is a record's `update`, else its `step`, else its position."""
     xs, ys = [], []
-    for r in records:
-        if r.get("kind") == kind and isinstance(r.get(key), (int, float)) and math.isfinite(r[key]):
-            xs.append(r["step"])
-            ys.append(r[key])
+    for i, r in enumerate(records):
+        value = r.get(key)
+        if (kind is None or r.get("kind") == kind) and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            xs.append(r.get("update", r.get("step", i)))
+            ys.append(value)
     return xs, ys
 
 
-def _figure(n: int, title: str):
+def _figure(n: int, title: str | None):
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    cols = min(3, max(1, n))
+    cols = min(4, max(1, n))
     rows = max(1, math.ceil(n / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    fig.suptitle(title)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.8 * cols, 2.9 * rows + (0.4 if title else 0)), squeeze=False)
+    if title:
+        fig.suptitle(title)
     return fig, [ax for row in axes for ax in row]
 
 
-def _save(fig, path: Path) -> None:
+def _png(fig) -> bytes:
     import io
 
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
+    fig.savefig(buffer, format="png", dpi=90, metadata={"Software": None})  # the same curves, the same bytes
     plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def _save(fig, path: Path) -> Path:
+    atomic_write_bytes(path, _png(fig))
+    return path
+
+
+def curves_png(
+    runs: dict[str, Sequence[dict[str, Any]]],
+    metrics: Sequence[str],
+    *,
+    kind: str | None = None,
+    titles: dict[str, str] | None = None,
+    title: str | None = None,
+) -> bytes:
+    """A PNG with one panel per metric (in a grid of up to 4 columns), one line per run (label ->
+    its metrics records, of `kind` only when given) against the update; a panel whose metric no run
+    logged says so. A rate (a name with `success` or ending in `_rate`) is drawn from 0 up to a
+    little above its largest value: small differences stay visible, and are not exaggerated."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = _figure(len(metrics), title)
+    for ax, metric in zip(axes, metrics):
+        top = 0.0
+        for number, (label, records) in enumerate(runs.items()):
+            xs, ys = _series(records, kind, metric)
+            if xs:
+                marker, size, line = _STYLES[number % len(_STYLES)]
+                marker = marker if len(xs) <= 40 else None  # a long curve is a line, not a row of dots
+                ax.plot(xs, ys, marker=marker, markersize=size, linestyle=line, label=label,
+                        markerfacecolor="none" if number == 0 else None, alpha=0.9)  # fmt: skip
+                top = max(top, *ys)
+        if "success" in metric or metric.endswith("_rate"):
+            ax.set_ylim(-0.02, min(1.02, max(0.1, 1.25 * top)))
+        xs = {x for line in ax.get_lines() for x in line.get_xdata()}
+        if len(xs) == 1:  # one update: centre it instead of an axis of fractional updates
+            (x,) = xs
+            ax.set_xlim(x - 1, x + 1)
+        name = (titles or {}).get(metric, metric.replace("_", " "))
+        ax.set_title(name if ax.get_lines() else f"{name}: not logged", fontsize=9)
+        ax.set_xlabel("update")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.spines[["top", "right"]].set_visible(False)
+    with_lines = [ax for ax in axes if ax.get_lines()]
+    if len(runs) > 1 and with_lines:
+        with_lines[0].legend(fontsize=7)  # one legend: every panel draws the runs alike
+    for ax in axes[len(metrics):]:
+        ax.axis("off")
+    return _png(fig)
 
 
 def _panels(records: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str]], title: str, path: Path) -> Path:
-    """One small plot per (metric key, label) of the training records, in a grid."""
-    fig, axes = _figure(len(panels), title)
-    for ax, (key, label) in zip(axes, panels):
-        xs, ys = _series(records, "train", key)
-        ax.plot(xs, ys, "-")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("update")
-    for ax in axes[len(panels):]:
-        ax.axis("off")
-    _save(fig, path)
+    """One small plot per (metric key, label) of one run's training records, in a grid."""
+    png = curves_png({title: records}, [key for key, _ in panels], kind="train", titles=dict(panels), title=title)
+    atomic_write_bytes(path, png)
     return path
 
 
@@ -114,17 +167,7 @@ def plot_run(out: str | Path) -> list[Path]:
 
 def plot_comparison(runs: dict[str, str | Path], path: str | Path, title: str = "held-out success") -> Path:
     """Held-out success against updates, one line per run (label -> run directory)."""
-    fig, (ax,) = _figure(1, title)
-    top = 0.0
-    for label, out in runs.items():
-        xs, ys = _series(read_metrics(out), "eval", "eval/success")
-        if xs:
-            ax.plot(xs, ys, "o-", label=label)
-            top = max(top, *ys)
-    ax.set_xlabel("update")
-    ax.set_ylabel("success rate")
-    # Scaled to the data (small differences stay visible), from 0 so that they are not exaggerated.
-    ax.set_ylim(0.0, min(1.02, max(0.1, 1.25 * top)))
-    ax.legend(fontsize=8)
-    _save(fig, Path(path))
+    records = {label: read_metrics(out) for label, out in runs.items()}
+    png = curves_png(records, ["eval/success"], kind="eval", titles={"eval/success": "success rate"}, title=title)
+    atomic_write_bytes(Path(path), png)
     return Path(path)

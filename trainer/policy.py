@@ -45,8 +45,8 @@ __all__ = [
     "TINY_MODEL_PARAMETERS",
 ]
 
-# Read by relative path from the repository root, like the tests do.
-DEFAULT_QWEN3_TOKENIZER = Path("../shared/data/tokenizers/qwen3")
+# The shared data folder beside the repository (a checkout's `../shared`), whatever the working folder.
+DEFAULT_QWEN3_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizers" / "qwen3"
 
 # ChatML, as Qwen2.5 writes it (no reasoning stripping): system/user/assistant turns between
 # <|im_start|>ROLE\n and <|im_end|>\n; the generation prompt opens an assistant turn.

@@ -220,6 +220,9 @@ def _span_mask(offsets: list[tuple[int, int]], action_span: tuple[int, int] | No
 
 @dataclass
 class _Row:
+    """A row being assembled: its ids and, per id, the turn that generated it (-1: context), whether
+    it is in the turn's span, the rollout's log-prob and whether that log-prob was recorded."""
+
     episode: int
     turn: int  # the one turn of a window row, -1 for a chain of several
     ids: list[int] = field(default_factory=list)
@@ -228,6 +231,49 @@ class _Row:
     logprobs: list[np.ndarray] = field(default_factory=list)
     recorded: list[np.ndarray] = field(default_factory=list)
     prompt_len: int = 0
+
+    def add_context(self, ids: list[int]) -> None:
+        n = len(ids)
+        self.ids += ids
+        self.turn_id.append(np.full(n, -1, dtype=np.int64))
+        self.span.append(np.zeros(n, dtype=bool))
+        self.logprobs.append(np.zeros(n, dtype=np.float32))
+        self.recorded.append(np.zeros(n, dtype=bool))
+
+    def add_response(self, ids: list[int], turn: int, span: np.ndarray, logprobs: list[float] | None) -> None:
+        n = len(ids)
+        self.ids += ids
+        self.turn_id.append(np.full(n, turn, dtype=np.int64))
+        self.span.append(span)
+        recorded = logprobs is not None
+        self.logprobs.append(np.asarray(logprobs, dtype=np.float32) if recorded else np.zeros(n, dtype=np.float32))
+        self.recorded.append(np.full(n, recorded, dtype=bool))
+
+    def flat(self) -> _FlatRow:
+        def join(parts: list[np.ndarray], dtype) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+        return _FlatRow(self.ids, join(self.turn_id, np.int64), join(self.span, bool), join(self.logprobs, np.float32),
+                        join(self.recorded, bool), self.prompt_len)  # fmt: skip
+
+
+@dataclass
+class _FlatRow:
+    ids: list[int]
+    turn_id: np.ndarray
+    span: np.ndarray
+    logprobs: np.ndarray
+    recorded: np.ndarray
+    prompt_len: int
+
+    def cut(self, max_length: int) -> tuple[int, int]:
+        """Cut the row at `max_length` tokens; returns (generated tokens lost, turns they belong to)."""
+        lost = self.turn_id[max_length:]
+        self.ids = self.ids[:max_length]
+        self.turn_id, self.span = self.turn_id[:max_length], self.span[:max_length]
+        self.logprobs, self.recorded = self.logprobs[:max_length], self.recorded[:max_length]
+        self.prompt_len = min(self.prompt_len, max_length)
+        return int((lost >= 0).sum()), len(set(lost[lost >= 0].tolist()))
 
 
 def build_rows(
@@ -277,74 +323,113 @@ def build_rows(
             )
         policy = ContextPolicy.parse(context if context is not None else episode.context)
         contexts.append(str(policy))
-        records, is_recorded = _records(episode, policy, framing)
-        recorded_turns += len(records) if is_recorded else 0
-        text_turns += 0 if is_recorded else len(records)
-        row: _Row | None = None
-        for k, (turn, record) in enumerate(zip(episode.turns, records, strict=True)):
-            if row is None or not record.extends:
-                row = _Row(i, -1 if policy.kind == "full" else k, prompt_len=len(record.prompt_ids))
-                rows.append(row)
-            n_prompt, n_sampled = len(record.prompt_ids), len(record.sampled_ids)
-            row.ids += record.prompt_ids
-            row.turn_id.append(np.full(n_prompt, -1, dtype=np.int64))
-            row.span.append(np.zeros(n_prompt, dtype=bool))
-            row.logprobs.append(np.zeros(n_prompt, dtype=np.float32))
-            row.recorded.append(np.zeros(n_prompt, dtype=bool))
-            row.ids += record.sampled_ids
-            row.turn_id.append(np.full(n_sampled, k, dtype=np.int64))
-            if span_mode == "clean_step":
-                row.span.append(np.ones(n_sampled, dtype=bool))
-            else:
-                offsets = _response_offsets(tokenizer, turn, record, is_recorded)
-                row.span.append(_span_mask(offsets, turn.step.action_span))
-            has_lp = is_recorded and len(record.logprobs) == n_sampled
-            row.logprobs.append(np.asarray(record.logprobs, dtype=np.float32) if has_lp else np.zeros(n_sampled, dtype=np.float32))
-            row.recorded.append(np.full(n_sampled, has_lp, dtype=bool))
+        is_recorded = _add_episode_rows(rows, i, episode, policy, tokenizer, framing, span_mode)
+        recorded_turns += len(episode.turns) if is_recorded else 0
+        text_turns += 0 if is_recorded else len(episode.turns)
 
     # 2. Flatten, truncate (counted, never silent) and pad.
-    ids_rows = [r.ids for r in rows]
-    tid_rows = [np.concatenate(r.turn_id) if r.turn_id else np.zeros(0, dtype=np.int64) for r in rows]
-    span_rows = [np.concatenate(r.span) if r.span else np.zeros(0, dtype=bool) for r in rows]
-    lp_rows = [np.concatenate(r.logprobs) if r.logprobs else np.zeros(0, dtype=np.float32) for r in rows]
-    rec_rows = [np.concatenate(r.recorded) if r.recorded else np.zeros(0, dtype=bool) for r in rows]
-    prompt_lens = [r.prompt_len for r in rows]
+    flat = [row.flat() for row in rows]
+    truncated_rows, truncated_tokens, truncated_turns = _truncate(flat, max_length)
+    padded = _pad(flat, int(pad_id))
+
+    # 3. Episode and turn facts.
+    groups, group_names, step_reward, state_id = _episode_facts(episodes)
+
+    return TokenRows(
+        **padded,
+        row_episode=torch.tensor([r.episode for r in rows], dtype=torch.long),
+        row_turn=torch.tensor([r.turn for r in rows], dtype=torch.long),
+        prompt_len=torch.tensor([r.prompt_len for r in flat], dtype=torch.long),
+        length=padded["attention_mask"].sum(dim=1),
+        episode_group=torch.tensor(groups, dtype=torch.long),
+        success=torch.tensor([e.success for e in episodes], dtype=torch.bool),
+        score=torch.tensor([e.score for e in episodes], dtype=torch.float32),
+        invalid_turns=torch.tensor([e.invalid_turns for e in episodes], dtype=torch.long),
+        num_turns=torch.tensor([len(e.turns) for e in episodes], dtype=torch.long),
+        step_reward=step_reward,
+        state_id=state_id,
+        span_mode=span_mode,
+        contexts=contexts,
+        group_names=group_names,
+        episode_ids=[e.episode_id for e in episodes],
+        pad_token_id=int(pad_id),
+        end_of_turn=framing.close_text or None,
+        truncated_rows=truncated_rows,
+        truncated_tokens=truncated_tokens,
+        truncated_turns=truncated_turns,
+        recorded_turns=recorded_turns,
+        text_turns=text_turns,
+        meta={"chat_template_kwargs": kwargs},
+    )
+
+
+def _add_episode_rows(rows: list[_Row], index: int, episode: Episode, policy: ContextPolicy, tokenizer,
+                      framing: ChatFraming, span_mode: str) -> bool:  # fmt: skip
+    """Append the rows of episode number `index` to `rows`: a new row wherever a turn's context does
+    not extend the previous turn's. Returns whether its token records came from the rollout."""
+    records, is_recorded = _records(episode, policy, framing)
+    row: _Row | None = None
+    for k, (turn, record) in enumerate(zip(episode.turns, records, strict=True)):
+        if row is None or not record.extends:
+            row = _Row(index, -1 if policy.kind == "full" else k, prompt_len=len(record.prompt_ids))
+            rows.append(row)
+        row.add_context(record.prompt_ids)
+        if span_mode == "clean_step":
+            span = np.ones(len(record.sampled_ids), dtype=bool)
+        else:
+            span = _span_mask(_response_offsets(tokenizer, turn, record, is_recorded), turn.step.action_span)
+        has_logprobs = is_recorded and len(record.logprobs) == len(record.sampled_ids)
+        row.add_response(record.sampled_ids, k, span, record.logprobs if has_logprobs else None)
+    return is_recorded
+
+
+def _truncate(rows: list[_FlatRow], max_length: int | None) -> tuple[int, int, int]:
+    """Cut the rows longer than `max_length` (a warning says how much was lost); returns the rows
+    cut, the generated tokens lost and the turns those belonged to."""
+    if max_length is None:
+        return 0, 0, 0
     truncated_rows = truncated_tokens = truncated_turns = 0
-    if max_length is not None:
-        for r, ids in enumerate(ids_rows):
-            if len(ids) > max_length:
-                lost = tid_rows[r][max_length:]
-                truncated_rows += 1
-                truncated_tokens += int((lost >= 0).sum())
-                truncated_turns += len(set(lost[lost >= 0].tolist()))
-                ids_rows[r] = ids[:max_length]
-                for table in (tid_rows, span_rows, lp_rows, rec_rows):
-                    table[r] = table[r][:max_length]
-                prompt_lens[r] = min(prompt_lens[r], max_length)
-        if truncated_rows:
-            log.warning(
-                "build_rows: %d of %d rows cut at max_length=%d (%d generated tokens of %d turns lost)",
-                truncated_rows, len(ids_rows), max_length, truncated_tokens, truncated_turns,
-            )
-    R = len(ids_rows)
-    T = max([len(x) for x in ids_rows] + [1])
-    input_ids = torch.full((R, T), int(pad_id), dtype=torch.long)
+    for row in rows:
+        if len(row.ids) > max_length:
+            tokens, turns = row.cut(max_length)
+            truncated_rows += 1
+            truncated_tokens += tokens
+            truncated_turns += turns
+    if truncated_rows:
+        log.warning(
+            "build_rows: %d of %d rows cut at max_length=%d (%d generated tokens of %d turns lost)",
+            truncated_rows, len(rows), max_length, truncated_tokens, truncated_turns,
+        )
+    return truncated_rows, truncated_tokens, truncated_turns
+
+
+def _pad(rows: list[_FlatRow], pad_id: int) -> dict[str, torch.Tensor]:
+    """The rows as right-padded `[R, T]` tensors (TokenRows' fields of the same names); the span
+    holds generated tokens only."""
+    R = len(rows)
+    T = max([len(r.ids) for r in rows] + [1])
+    input_ids = torch.full((R, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((R, T), dtype=torch.long)
     turn_id = torch.full((R, T), -1, dtype=torch.long)
     span = torch.zeros((R, T), dtype=torch.bool)
     rollout_logprobs = torch.zeros((R, T), dtype=torch.float32)
     recorded = torch.zeros((R, T), dtype=torch.bool)
-    for r in range(R):
-        L = len(ids_rows[r])
-        input_ids[r, :L] = torch.tensor(ids_rows[r], dtype=torch.long)
+    for r, row in enumerate(rows):
+        L = len(row.ids)
+        input_ids[r, :L] = torch.tensor(row.ids, dtype=torch.long)
         attention_mask[r, :L] = 1
-        turn_id[r, :L] = torch.from_numpy(tid_rows[r])
-        span[r, :L] = torch.from_numpy(span_rows[r])
-        rollout_logprobs[r, :L] = torch.from_numpy(lp_rows[r])
-        recorded[r, :L] = torch.from_numpy(rec_rows[r])
+        turn_id[r, :L] = torch.from_numpy(row.turn_id)
+        span[r, :L] = torch.from_numpy(row.span)
+        rollout_logprobs[r, :L] = torch.from_numpy(row.logprobs)
+        recorded[r, :L] = torch.from_numpy(row.recorded)
     span &= turn_id >= 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "turn_id": turn_id, "span": span,
+            "rollout_logprobs": rollout_logprobs, "recorded": recorded}  # fmt: skip
 
-    # 3. Episode and turn facts.
+
+def _episode_facts(episodes: Sequence[Episode]) -> tuple[list[int], list[str], torch.Tensor, torch.Tensor]:
+    """Each episode's group index, the group names, and per turn the reward and the interned state
+    key it acted in (-1: unknown)."""
     E = len(episodes)
     K = max([len(e.turns) for e in episodes] + [1])
     group_index: dict[str, int] = {}
@@ -358,35 +443,4 @@ def build_rows(
             step_reward[i, k] = float(turn.reward)
             if key:
                 state_id[i, k] = state_index.setdefault(key, len(state_index))
-
-    return TokenRows(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        turn_id=turn_id,
-        span=span,
-        row_episode=torch.tensor([r.episode for r in rows], dtype=torch.long),
-        row_turn=torch.tensor([r.turn for r in rows], dtype=torch.long),
-        prompt_len=torch.tensor(prompt_lens, dtype=torch.long),
-        length=attention_mask.sum(dim=1),
-        episode_group=torch.tensor(groups, dtype=torch.long),
-        success=torch.tensor([e.success for e in episodes], dtype=torch.bool),
-        score=torch.tensor([e.score for e in episodes], dtype=torch.float32),
-        invalid_turns=torch.tensor([e.invalid_turns for e in episodes], dtype=torch.long),
-        num_turns=torch.tensor([len(e.turns) for e in episodes], dtype=torch.long),
-        step_reward=step_reward,
-        state_id=state_id,
-        rollout_logprobs=rollout_logprobs,
-        recorded=recorded,
-        span_mode=span_mode,
-        contexts=contexts,
-        group_names=list(group_index),
-        episode_ids=[e.episode_id for e in episodes],
-        pad_token_id=int(pad_id),
-        end_of_turn=framing.close_text or None,
-        truncated_rows=truncated_rows,
-        truncated_tokens=truncated_tokens,
-        truncated_turns=truncated_turns,
-        recorded_turns=recorded_turns,
-        text_turns=text_turns,
-        meta={"chat_template_kwargs": kwargs},
-    )
+    return groups, list(group_index), step_reward, state_id

@@ -27,15 +27,16 @@ per row scores every turn. Skill notes: `trainer.env_knowledge.skill_text` (the 
 Cost (N = rows, T = row length, P = privileged prefix tokens, K = turns per row, H = hindsight block
 tokens, L_k = span tokens of turn k, s_k = its start):
     AgentOPSD: one forward per row of T + P tokens: N forwards, sum (T + P) tokens.
-    StepOPSD, packed (default with eager/sdpa attention): every insertion point of a row goes into
-        ONE sequence: the row's prefix up to the last insertion point, then for each turn a copy of
-        (hindsight block + span) that attends to the row prefix up to s_k and to itself (a custom
-        4-D attention mask, positions continuing from s_k). One forward per row: T + sum_k (H + L_k)
-        tokens, instead of sum_k (s_k + H + L_k) ~ K T / 2 for separate forwards. A row whose pack
-        would exceed the teacher's max length is split into several packs.
-    StepOPSD, per-turn (packing=False, or flash attention that has no custom masks): one sequence
-        per (row, turn): sum_k (s_k + H + L_k) tokens; window rows (one turn each) cost the same
-        either way.
+    StepOPSD, `prefix` (the default): the row's prefix up to its last insertion point runs once
+        with a key/value cache; then all the row's turns run as one batch of segments (hindsight
+        block + span), segment k reading the cached keys at positions < s_k and itself causally, with
+        positions continuing from s_k. T + sum_k (H + L_k) tokens through the MLPs, and each segment
+        token attends to at most s_k + H + L_k keys.
+    StepOPSD, `packed`: the same tokens in ONE sequence per row (prefix, then the segments) with a
+        block-causal 4-D mask: the same tokens, but attention over the whole packed length.
+    StepOPSD, `per-turn`: one sequence per (row, turn): sum_k (s_k + H + L_k) ~ K T / 2 tokens; what
+        the OpenRLHF bridge does (its actor forward takes no custom mask or cache). Window rows (one
+        turn each) cost the same either way. `benchmarks/teacher_speed.py` times the three.
 Truncation is never silent. A StepOPSD turn whose context does not fit is first scored without the
 peer trajectory (`peer_dropped`), then left unscored (`truncated`); an AgentOPSD row that does not
 fit has its tail unscored (`truncated`, `truncated_tokens`); the skill note is never cut. Unscored
@@ -203,7 +204,7 @@ def _row_first_messages(episode: Episode, rows: TokenRows, r: int) -> list[dict[
     return episode_messages(episode, k, rows.contexts[int(rows.row_episode[r])])
 
 
-def _agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters):
+def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters):
     kwargs = rows.meta.get("chat_template_kwargs", {})
     seqs = []
     skill_cache: dict[tuple[str, str], str] = {}
@@ -265,7 +266,7 @@ def _turn_spans(rows: TokenRows, r: int) -> list[tuple[int, torch.Tensor]]:
 Insert = tuple[int, list[int], torch.Tensor]  # (s_k: the span's first row position, block ids, span row positions)
 
 
-def _stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) -> dict[int, list[Insert]]:
+def stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) -> dict[int, list[Insert]]:
     """For every row, the turns whose teacher context fits: where the hindsight block goes (s_k), the
     block (without the peer trajectory when only that fits), and the span's row positions."""
     peers = peer_episodes(episodes, rows) if config.hindsight_peer else {}
@@ -301,7 +302,7 @@ def _stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) -
 
 def _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, counters):
     seqs = []
-    for r, inserts in _stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters).items():
+    for r, inserts in stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters).items():
         row_ids = rows.input_ids[r]
         # Group insertion points into packs that fit (one pack per insertion without packing).
         packs: list[list[tuple[int, list[int], torch.Tensor]]] = []
@@ -386,7 +387,7 @@ def build_teacher_sequences(
     counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
     rows = rows.to("cpu")  # sequences are assembled on the CPU and moved per micro-batch
     if config.method == "agentopsd":
-        seqs = _agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
+        seqs = agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
     elif config.method in ("stepopsd", "rlsd"):
         seqs = _stepopsd_sequences(tokenizer, episodes, rows, config, max_length, packing, counters)
     else:
@@ -641,7 +642,7 @@ def score_teacher(
         if config.method in ("stepopsd", "rlsd") and strategy == "prefix":
             counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
             _check_rows(episodes, rows, config)
-            inserts = _stepopsd_inserts(tokenizer, episodes, rows.to("cpu"), config, limit, counters)
+            inserts = stepopsd_inserts(tokenizer, episodes, rows.to("cpu"), config, limit, counters)
             logprobs, scored, cost = score_inserts_with_prefix_cache(
                 model, rows.to("cpu"), inserts, micro_batch_tokens=micro_batch_tokens, temperature=temperature,
                 progress=progress,

@@ -56,6 +56,10 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--sft-noise", type=float, help="chance of a random detour per expert turn (DART-style; "
                    "only the expert's turns are trained on; default 0)")
     g.add_argument("--sft-batch-tokens", type=int, help="padded tokens per SFT optimizer step (default 4096)")
+    g.add_argument("--sft-privileged", type=float, help="share of warm-start episodes also taught in the teacher's "
+                   "privileged contexts (a literate teacher for StepOPSD/AgentOPSD; default 0)")
+    g.add_argument("--sft-privileged-context", choices=("both", "hindsight", "skills"),
+                   help="which teacher contexts: the hindsight block (StepOPSD), the skill note (AgentOPSD) or both (default)")
     g = p.add_argument_group("RL")
     g.add_argument("--steps", type=int, help="RL updates (default 10)")
     g.add_argument("--tasks-per-step", type=int, help="tasks per update (default 4)")

@@ -1,7 +1,20 @@
 """The supervised warm start: expert episodes with random detours, and what of them is imitated.
 
-`PerturbedExpert` plays the env's expert with random detours (DART-style); `sft_targets` marks the
+`PerturbedExpert` plays the env's expert with random detours (DART-style) and remembers, for each
+detour, the turn the expert would have written there (its correction); `sft_targets` marks the
 tokens to imitate (the expert's own turns, never a detour); `LocalTrainer.sft` runs the epochs.
+
+A literate warm start (`TrainConfig.sft_privileged`): the OPSD methods' teacher is the policy itself
+reading privileged text, which a model warm-started on plain expert turns has never seen; there, the
+text acts as noise that lowers confident tokens (the teacher's evidence then points the wrong way).
+`privileged_examples` also teaches the model the contexts its teacher will read, on a share of the
+warm-start episodes, both outcomes included:
+- hindsight (StepOPSD, RLSD): for each turn, the student's prefix up to the action, the hindsight
+  block (`final_correctness: correct | incorrect`, the env's reference: the expert plan), then the
+  action the expert takes in that state: the turn's own action, or after a detour its correction;
+- skills (AgentOPSD): the conversation with the skill note before it, the expert's own turns as
+  targets.
+The policy the agent runs never reads privileged text (rollout prompts are never built from it).
 """
 
 from __future__ import annotations
@@ -13,7 +26,9 @@ import torch
 
 from agentgym_opsd.agents import ExpertAgent
 
-__all__ = ["PerturbedExpert", "sft_targets"]
+__all__ = ["PerturbedExpert", "sft_targets", "privileged_examples", "PRIVILEGED_CONTEXTS"]
+
+PRIVILEGED_CONTEXTS = ("both", "hindsight", "skills")
 
 
 class PerturbedExpert:
@@ -32,6 +47,7 @@ class PerturbedExpert:
         self.seed = int(seed)
         self.expert = ExpertAgent()
         self.detours: set[tuple[str, int]] = set()
+        self.corrections: dict[tuple[str, int], str] = {}  # detour -> the turn the expert would have written
 
     def act(self, messages, info, env) -> str:
         step = info.get("step")
@@ -40,6 +56,7 @@ class PerturbedExpert:
             rng = np.random.default_rng([self.seed, int.from_bytes(digest, "little"), int(step.turn)])
             if rng.random() < self.noise:
                 self.detours.add((step.episode_id, int(step.turn)))
+                self.corrections[(step.episode_id, int(step.turn))] = self.expert.act(messages, info, env)
                 actions = step.admissible_actions
                 return env.format_action(actions[int(rng.integers(len(actions)))])
         return self.expert.act(messages, info, env)
@@ -56,3 +73,76 @@ def sft_targets(rows, episodes, detours: set[tuple[str, int]]) -> tuple[torch.Te
     is_detour = detour[rows.row_episode[:, None], rows.turn_id.clamp(min=0)]
     detour_turns = int(detour.sum())
     return (rows.turn_id >= 0) & ~is_detour, detour_turns
+
+
+def privileged_examples(
+    tokenizer,
+    episodes,
+    corrections: dict[tuple[str, int], str],
+    *,
+    hindsight_config=None,
+    skills_config=None,
+    max_length: int,
+    chat_template_kwargs: dict | None = None,
+    turns_per_episode: int = 2,
+    seed: int = 0,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(ids [S], target mask [S]) examples in the teacher's privileged contexts (module docstring).
+
+    `episodes` are the warm-start episodes to teach them on (both outcomes), `corrections` the
+    expert's turn at each detour; `hindsight_config` / `skills_config` the credit configs whose
+    teacher contexts to build (None: not that one). A hindsight example is one sequence per turn, so
+    an episode gives every detour turn (the corrections) and `turns_per_episode` of its other turns,
+    drawn with `seed`.
+    """
+    from agentgym_opsd.parsing import parse_action
+    from trainer.rows import build_rows
+    from trainer.teacher import agentopsd_sequences, stepopsd_inserts
+
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    kwargs = dict(chat_template_kwargs or {})
+    if hindsight_config is not None and episodes:
+        rows = build_rows(episodes, tokenizer, span_mode=hindsight_config.span_mode, chat_template_kwargs=kwargs)
+        counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
+        close = tokenizer.convert_tokens_to_ids(rows.end_of_turn) if rows.end_of_turn else None
+        draw = np.random.default_rng(seed)
+        for r, inserts in stepopsd_inserts(tokenizer, episodes, rows, hindsight_config, max_length, counters).items():
+            episode = episodes[int(rows.row_episode[r])]
+            turns = [int(rows.turn_id[r, int(pos[0])]) for _, _, pos in inserts]
+            own = [i for i, k in enumerate(turns) if (episode.episode_id, k) not in corrections]
+            keep = {i for i, k in enumerate(turns) if (episode.episode_id, k) in corrections}
+            keep |= {int(i) for i in draw.permutation(own)[:turns_per_episode]}
+            for i, (s, block, pos) in enumerate(inserts):
+                if i not in keep:
+                    continue
+                k = turns[i]
+                correction = corrections.get((episode.episode_id, k))
+                if correction is None:
+                    target = rows.input_ids[r, pos]  # the expert's own action
+                else:
+                    parsed = parse_action(correction, ("action", "search", "answer"))
+                    if hindsight_config.span_mode == "action_only" and parsed.span is not None:
+                        text = correction[parsed.span[0] : parsed.span[1]]
+                        target = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+                    else:
+                        ids = tokenizer(correction, add_special_tokens=False)["input_ids"] + ([close] if close is not None else [])
+                        target = torch.tensor(ids, dtype=torch.long)
+                if target.numel() == 0:
+                    continue
+                ids = torch.cat([rows.input_ids[r, :s], torch.tensor(block, dtype=torch.long), target])
+                mask = torch.zeros(ids.numel(), dtype=torch.bool)
+                mask[-target.numel():] = True
+                if ids.numel() <= max_length:
+                    out.append((ids, mask))
+    if skills_config is not None and episodes:
+        rows = build_rows(episodes, tokenizer, span_mode="clean_step", chat_template_kwargs=kwargs)
+        own, _ = sft_targets(rows, episodes, set(corrections))
+        counters = {"truncated": 0, "truncated_tokens": 0, "peer_dropped": 0, "peer_cut": 0}
+        for seq in agentopsd_sequences(tokenizer, episodes, rows, skills_config, max_length, counters):
+            keep = own[seq.row, seq.row_pos]
+            if not bool(keep.any()):
+                continue
+            mask = torch.zeros(seq.length, dtype=torch.bool)
+            mask[seq.target[keep]] = True
+            out.append((seq.ids, mask))
+    return out

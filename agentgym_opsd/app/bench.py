@@ -59,6 +59,7 @@ from agentgym_opsd.app.results import COUNTING_NOTE, markdown_tables, result_row
 from agentgym_opsd.episode import Episode, append_episodes, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from agentgym_opsd.registry import EnvOptionError, check_env_options, entry, registered_envs
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import summarize
 from agentgym_opsd.workers import EnvFactory
 
@@ -167,88 +168,10 @@ def config_from_dict(data: dict[str, Any], where: str = "config", *, data_root: 
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
-    raw_agents = data.get("agents")
-    if isinstance(raw_agents, str):
-        raw_agents = [raw_agents]
-    if not raw_agents or not isinstance(raw_agents, list):
-        raise ConfigError(f'{where}: agents must be a list of agent names, e.g. agents = ["expert", "random"]')
-    agents = []
-    for a in raw_agents:
-        if isinstance(a, str) and a:
-            agents.append(AgentSpec(a, a))
-        elif isinstance(a, dict) and set(a) == {"name", "agent"} and all(isinstance(v, str) and v for v in a.values()):
-            agents.append(AgentSpec(a["name"], a["agent"]))
-        else:
-            raise ConfigError(f'{where}: agent {a!r}: give a name ("random") or {{ name = "tiny", agent = "hf:PATH" }}')
-    if len({a.name for a in agents}) != len(agents):
-        raise ConfigError(f"{where}: two agents have the same name")
-    seeds = data.get("seeds", [0])
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
-        seeds = [seeds]
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
-        raise ConfigError(f"{where}: seeds must be a list of non-negative integers, got {seeds!r}")
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"{where}: seeds repeat: {seeds}")
+    agents = _agents(data.get("agents"), where)
+    seeds = _seeds(data.get("seeds", [0]), where)
     default_episodes = _episodes(data.get("episodes", 10), f"{where}: episodes")
-    raw_envs = data.get("envs")
-    if not raw_envs or not isinstance(raw_envs, list):
-        raise ConfigError(f'{where}: envs must be a list, e.g. [[envs]] id = "agentgym/ALFWorld-Heat-v0"')
-    envs: list[EnvSpec] = []
-    for number, item in enumerate(raw_envs, start=1):
-        here = f"{where}: envs[{number}]"
-        if isinstance(item, str):
-            item = {"id": item}
-        if not isinstance(item, dict):
-            raise ConfigError(f"{here}: an env is an id or a table with id or family")
-        unknown = set(item) - _ENV_KEYS
-        if unknown:
-            raise ConfigError(f"{here}: unknown key(s) {sorted(unknown)}; known: {sorted(_ENV_KEYS)}")
-        if ("id" in item) == ("family" in item):
-            raise ConfigError(f"{here}: give exactly one of id and family")
-        if "id" in item:
-            ids = [str(item["id"])]
-            try:
-                entry(ids[0])
-            except KeyError as e:  # UnknownEnvError names the closest ids
-                raise ConfigError(f"{here}: {e}") from None
-        else:
-            members = [e for e in registered_envs() if e.family == item["family"]]
-            # A family's subset ids; an id that plays all subsets at once is left out when the
-            # family has per-subset ids (it would play the same tasks again).
-            ids = [e.id for e in members if e.subset != "all"] or [e.id for e in members]
-            if not ids:
-                families = sorted({e.family for e in registered_envs()})
-                raise ConfigError(f"{here}: no env of family {item['family']!r}; registered families: {families}")
-        splits = item.get("splits", item.get("split"))
-        if isinstance(splits, str):
-            splits = [splits]
-        options = item.get("options", {})
-        if not isinstance(options, dict):
-            raise ConfigError(f"{here}: options must be a table of keywords")
-        bad = [k for k in options if not isinstance(k, str) or not k.isidentifier()]
-        if bad:  # YAML allows `0: x` or `true: x`; env options are Python keyword arguments
-            raise ConfigError(f"{here}: options: {bad[0]!r} is not a keyword name")
-        if data_root is not None:
-            from agentgym_opsd.paths import PathOutsideRoot, contain_path_options
-
-            try:
-                options = contain_path_options(options, data_root, f"{here}: options")
-            except PathOutsideRoot as e:
-                raise ConfigError(str(e)) from None
-        count = _episodes(item.get("episodes", default_episodes), f"{here}: episodes")
-        for env_id in ids:
-            try:
-                check_env_options(env_id, options)
-            except EnvOptionError as e:
-                raise ConfigError(f"{here}: options: {e}") from None
-            known = entry(env_id).splits
-            for split in splits or [known[0]]:
-                if split not in known:
-                    raise ConfigError(f"{here}: {env_id} has no split {split!r}; its splits: {list(known)}")
-                envs.append(EnvSpec(env_id, split, count, dict(options)))
-    keys = [(e.id, e.split) for e in envs]
-    if len(set(keys)) != len(keys):
-        raise ConfigError(f"{where}: an env id and split appear twice")
+    envs = _envs(data.get("envs"), where, default_episodes, data_root)
     workers = data.get("workers", 0)
     if not isinstance(workers, int) or workers < 0:
         raise ConfigError(f"{where}: workers must be an integer >= 0")
@@ -266,15 +189,124 @@ def config_from_dict(data: dict[str, Any], where: str = "config", *, data_root: 
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
     return BenchConfig(
-        agents=tuple(agents),
-        envs=tuple(envs),
-        seeds=tuple(seeds),
+        agents=agents,
+        envs=envs,
+        seeds=seeds,
         workers=workers,
         num_envs=num_envs,
         step_timeout=None if timeout is None else float(timeout),
         context=context,
         name=str(data.get("name", "bench")),
     )
+
+
+def _agents(raw: Any, where: str) -> tuple[AgentSpec, ...]:
+    """The `agents` setting: names (`"random"`) or `{ name, agent }` tables, each name once."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if not raw or not isinstance(raw, list):
+        raise ConfigError(f'{where}: agents must be a list of agent names, e.g. agents = ["expert", "random"]')
+    agents = []
+    for a in raw:
+        if isinstance(a, str) and a:
+            agents.append(AgentSpec(a, a))
+        elif isinstance(a, dict) and set(a) == {"name", "agent"} and all(isinstance(v, str) and v for v in a.values()):
+            agents.append(AgentSpec(a["name"], a["agent"]))
+        else:
+            raise ConfigError(f'{where}: agent {a!r}: give a name ("random") or {{ name = "tiny", agent = "hf:PATH" }}')
+    if len({a.name for a in agents}) != len(agents):
+        raise ConfigError(f"{where}: two agents have the same name")
+    return tuple(agents)
+
+
+def _seeds(raw: Any, where: str) -> tuple[int, ...]:
+    """The `seeds` setting: distinct non-negative integers (one integer is a list of one)."""
+    seeds = [raw] if isinstance(raw, int) and not isinstance(raw, bool) else raw
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise ConfigError(f"{where}: seeds must be a list of non-negative integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{where}: seeds repeat: {seeds}")
+    return tuple(seeds)
+
+
+def _envs(raw: Any, where: str, default_episodes: int | str, data_root: str | Path | None) -> tuple[EnvSpec, ...]:
+    """The `envs` list: one EnvSpec per env id and split, each pair once."""
+    if not raw or not isinstance(raw, list):
+        raise ConfigError(f'{where}: envs must be a list, e.g. [[envs]] id = "agentgym/ALFWorld-Heat-v0"')
+    envs: list[EnvSpec] = []
+    for number, item in enumerate(raw, start=1):
+        envs += _env_item(item, f"{where}: envs[{number}]", default_episodes, data_root)
+    keys = [(e.id, e.split) for e in envs]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{where}: an env id and split appear twice")
+    return tuple(envs)
+
+
+def _env_item(item: Any, here: str, default_episodes: int | str, data_root: str | Path | None) -> list[EnvSpec]:
+    """One item of `envs` (an id, or a table with an id or a family, splits, episodes, options): the
+    EnvSpecs it stands for, its options checked against every env id's constructor."""
+    if isinstance(item, str):
+        item = {"id": item}
+    if not isinstance(item, dict):
+        raise ConfigError(f"{here}: an env is an id or a table with id or family")
+    unknown = set(item) - _ENV_KEYS
+    if unknown:
+        raise ConfigError(f"{here}: unknown key(s) {sorted(unknown)}; known: {sorted(_ENV_KEYS)}")
+    if ("id" in item) == ("family" in item):
+        raise ConfigError(f"{here}: give exactly one of id and family")
+    ids = _env_ids(item, here)
+    splits = item.get("splits", item.get("split"))
+    if isinstance(splits, str):
+        splits = [splits]
+    options = _env_options(item.get("options", {}), here, data_root)
+    count = _episodes(item.get("episodes", default_episodes), f"{here}: episodes")
+    specs = []
+    for env_id in ids:
+        try:
+            check_env_options(env_id, options)
+        except EnvOptionError as e:
+            raise ConfigError(f"{here}: options: {e}") from None
+        known = entry(env_id).splits
+        for split in splits or [known[0]]:
+            if split not in known:
+                raise ConfigError(f"{here}: {env_id} has no split {split!r}; its splits: {list(known)}")
+            specs.append(EnvSpec(env_id, split, count, dict(options)))
+    return specs
+
+
+def _env_ids(item: dict[str, Any], here: str) -> list[str]:
+    """The registered ids an `envs` item names: its `id`, or its `family`'s per-subset ids."""
+    if "id" in item:
+        try:
+            entry(str(item["id"]))
+        except KeyError as e:  # UnknownEnvError names the closest ids
+            raise ConfigError(f"{here}: {e}") from None
+        return [str(item["id"])]
+    members = [e for e in registered_envs() if e.family == item["family"]]
+    # A family's subset ids; an id that plays all subsets at once is left out when the family has
+    # per-subset ids (it would play the same tasks again).
+    ids = [e.id for e in members if e.subset != "all"] or [e.id for e in members]
+    if not ids:
+        families = sorted({e.family for e in registered_envs()})
+        raise ConfigError(f"{here}: no env of family {item['family']!r}; registered families: {families}")
+    return ids
+
+
+def _env_options(options: Any, here: str, data_root: str | Path | None) -> dict[str, Any]:
+    """An item's `options` table: keyword names; path options resolved inside `data_root` when given."""
+    if not isinstance(options, dict):
+        raise ConfigError(f"{here}: options must be a table of keywords")
+    bad = [k for k in options if not isinstance(k, str) or not k.isidentifier()]
+    if bad:  # YAML allows `0: x` or `true: x`; env options are Python keyword arguments
+        raise ConfigError(f"{here}: options: {bad[0]!r} is not a keyword name")
+    if data_root is None:
+        return options
+    from agentgym_opsd.paths import PathOutsideRoot, contain_path_options
+
+    try:
+        return contain_path_options(options, data_root, f"{here}: options")
+    except PathOutsideRoot as e:
+        raise ConfigError(str(e)) from None
 
 
 def load_config(path: str | Path, *, data_root: str | Path | None = None) -> BenchConfig:
@@ -358,10 +390,59 @@ def run_bench(
     from tqdm.auto import tqdm
 
     from agentgym_opsd.agents import make_agent as default_make_agent
-    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 
     build_agent = make_agent or default_make_agent
     run_dir = Path(run_dir)
+    episodes_path = _prepare_run_dir(run_dir, config, restart)
+
+    # 1. The plan: every (agent, run seed, env, episode index); the keys the episodes file holds
+    #    without an error are done.
+    tasks = [_task_count(spec) for spec in config.envs]
+    counts = [n if spec.episodes == "all" else int(spec.episodes) for spec, n in zip(config.envs, tasks, strict=True)]
+    done = _load_done(episodes_path)
+    finished = {k for k, e in done.items() if e.error is None}
+    planned = [
+        (agent_spec.name, seed, spec, index)
+        for agent_spec in config.agents
+        for seed in config.seeds
+        for number, spec in enumerate(config.envs)
+        for index in range(counts[number])
+    ]
+    todo = [p for p in planned if episode_key(p[0], p[2].id, p[2].split, p[3], p[1]) not in finished]
+
+    # 2. Play what is left: one `run_episodes` call per agent, run seed and env; an agent is built
+    #    once per run seed, and only when it has episodes to play. Each episode is stored as it ends.
+    started = time.time()
+    bar = tqdm(total=len(planned), initial=len(planned) - len(todo), desc=f"bench {config.name}", unit="ep", disable=not progress)
+    record = _Recorder(episodes_path, done, bar)
+    try:
+        for agent_spec in config.agents:
+            for seed in config.seeds:
+                agent = None
+                for number, spec in enumerate(config.envs):
+                    requests, record.keys = _requests(todo, agent_spec.name, seed, spec, counts[number], tasks[number])
+                    if not requests:
+                        continue
+                    if agent is None:
+                        agent = build_agent(agent_spec.agent, seed=seed)
+                    bar.set_description_str(f"bench {config.name}: {agent_spec.name} on {spec.id}")
+                    run_episodes(env_factory(spec), agent, requests, num_envs=config.num_envs, workers=config.workers,
+                                 step_timeout=config.step_timeout, context=config.context, progress=False,
+                                 on_episode=record)  # fmt: skip
+    finally:
+        bar.close()
+
+    # 3. Results (from the episodes alone) and the run's timings.
+    results = write_results(run_dir, config, done, report=report)
+    elapsed = time.time() - started
+    run_info = {"wall_seconds": round(elapsed, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    atomic_write_json(run_dir / "run.json", run_info)
+    return results
+
+
+def _prepare_run_dir(run_dir: Path, config: BenchConfig, restart: bool) -> Path:
+    """Create (or, with `restart`, empty) the run folder, refuse one that holds a run of another config,
+    record the config; returns the episodes file's path."""
     run_dir.mkdir(parents=True, exist_ok=True)
     episodes_path = run_dir / "episodes.jsonl"
     config_path = run_dir / "config.json"
@@ -375,79 +456,48 @@ def run_bench(
                 f"{run_dir} holds a run of another config; pass --restart to start it over, or --out for a new folder"
             )
     atomic_write_json(config_path, {"config": config.to_dict(), "identity": config.identity()})
+    return episodes_path
 
-    tasks = [_task_count(spec) for spec in config.envs]
-    counts = [n if spec.episodes == "all" else int(spec.episodes) for spec, n in zip(config.envs, tasks, strict=True)]
-    done = _load_done(episodes_path)
-    finished = {k for k, e in done.items() if e.error is None}
-    planned = [
-        (agent_spec.name, seed, spec, index)
-        for agent_spec in config.agents
-        for seed in config.seeds
-        for number, spec in enumerate(config.envs)
-        for index in range(counts[number])
-    ]
-    todo = [p for p in planned if episode_key(p[0], p[2].id, p[2].split, p[3], p[1]) not in finished]
-    started = time.time()
-    bar = tqdm(total=len(planned), initial=len(planned) - len(todo), desc=f"bench {config.name}", unit="ep", disable=not progress)
-    errors_seen = 0
-    keys: dict[str, str] = {}  # episode id -> key, for the agent playing now
 
-    def record(episode: Episode) -> None:
-        nonlocal errors_seen
-        key = keys[episode.episode_id]
+def _requests(todo: list[tuple[str, int, EnvSpec, int]], agent_name: str, seed: int, spec: EnvSpec, count: int,
+              num_tasks: int) -> tuple[list[EpisodeRequest], dict[str, str]]:  # fmt: skip
+    """The episodes of `todo` that `agent_name` plays with run seed `seed` on `spec` (an env with
+    `count` episodes and `num_tasks` tasks), and the bench key of each by episode id."""
+    requests, keys = [], {}
+    for a, s, sp, index in todo:
+        if a == agent_name and s == seed and sp == spec:
+            episode_id = f"{spec.id}:{spec.split}:{index}@{seed}"
+            keys[episode_id] = episode_key(agent_name, spec.id, spec.split, index, seed)
+            requests.append(
+                EpisodeRequest(
+                    seed=index + RESET_SEED_STRIDE * seed,
+                    options={"task_index": task_index(index, seed, count, num_tasks)},
+                    episode_id=episode_id,
+                )
+            )
+    return requests, keys
+
+
+class _Recorder:
+    """`on_episode` of a bench: stores each finished episode under its bench key (`keys`: episode id
+    -> key, for the agent, seed and env playing now) in the episodes file at once, and counts errors."""
+
+    def __init__(self, episodes_path: Path, done: dict[str, Episode], bar: Any) -> None:
+        self.episodes_path, self.done, self.bar = episodes_path, done, bar
+        self.keys: dict[str, str] = {}
+        self.errors_seen = 0
+
+    def __call__(self, episode: Episode) -> None:
+        key = self.keys[episode.episode_id]
         episode.meta["bench_key"] = key
         episode.meta["agent_spec"] = episode.agent
         episode.agent = json.loads(key)[0]  # the bench's name for it
-        append_episodes(episodes_path, [episode])
-        done[key] = episode
-        bar.update(1)
+        append_episodes(self.episodes_path, [episode])
+        self.done[key] = episode
+        self.bar.update(1)
         if episode.error:
-            errors_seen += 1
-            bar.set_postfix_str(f"{errors_seen} errored", refresh=False)
-
-    try:
-        for agent_spec in config.agents:
-            agent_name = agent_spec.name
-            for seed in config.seeds:
-                agent = None
-                for number, spec in enumerate(config.envs):
-                    requests = []
-                    keys.clear()
-                    for a, s, sp, index in todo:
-                        if a == agent_name and s == seed and sp == spec:
-                            episode_id = f"{spec.id}:{spec.split}:{index}@{seed}"
-                            keys[episode_id] = episode_key(agent_name, spec.id, spec.split, index, seed)
-                            requests.append(
-                                EpisodeRequest(
-                                    seed=index + RESET_SEED_STRIDE * seed,
-                                    options={"task_index": task_index(index, seed, counts[number], tasks[number])},
-                                    episode_id=episode_id,
-                                )
-                            )
-                    if not requests:
-                        continue
-                    if agent is None:
-                        agent = build_agent(agent_spec.agent, seed=seed)
-                    bar.set_description_str(f"bench {config.name}: {agent_name} on {spec.id}")
-                    run_episodes(
-                        env_factory(spec),
-                        agent,
-                        requests,
-                        num_envs=config.num_envs,
-                        workers=config.workers,
-                        step_timeout=config.step_timeout,
-                        context=config.context,
-                        progress=False,
-                        on_episode=record,
-                    )
-    finally:
-        bar.close()
-    results = write_results(run_dir, config, done, report=report)
-    elapsed = time.time() - started
-    run_info = {"wall_seconds": round(elapsed, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    atomic_write_json(run_dir / "run.json", run_info)
-    return results
+            self.errors_seen += 1
+            self.bar.set_postfix_str(f"{self.errors_seen} errored", refresh=False)
 
 
 # ---------------------------------------------------------------------------------------------

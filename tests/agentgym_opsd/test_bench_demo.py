@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
 from agentgym_opsd.episode import load_episodes
 
 
 def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
-    pytest.importorskip("trainer.local", reason="the demo trains with the local trainer (trainer/local.py), absent here")
     from agentgym_opsd.app.demo import run_demo
 
     out = tmp_path / "demo"

@@ -18,7 +18,6 @@ from agentgym_opsd.episode import save_episodes
 from agentgym_opsd.io import append_jsonl
 
 ENV = "agentgym/ALFWorld-Pick-v0"
-TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizers" / "qwen3"
 LAM, ALPHA, B = 0.2, 0.2, 0.2  # the spec's defaults for ALFWorld (StepOPSD lam_mix, alpha_clip; AgentOPSD b)
 AGENT_LAM = 0.5
 
@@ -36,13 +35,11 @@ def episodes(contract_options_alfworld):
 
 
 @pytest.fixture(scope="module")
-def model_and_tokenizer():
-    if not (TOKENIZER / "tokenizer.json").exists():
-        pytest.skip(f"needs the Qwen3 tokenizer at {TOKENIZER} (the shared data folder beside the repo)")
+def model_and_tokenizer(qwen3_tokenizer):
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    tokenizer = qwen3_tokenizer
     torch.manual_seed(0)
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -54,25 +51,14 @@ def model_and_tokenizer():
 @pytest.fixture(scope="module")
 def records(episodes, model_and_tokenizer):
     """One update's credit per method, as the local trainer computes and records it."""
-    from trainer.credit import compute_advantages
-    from trainer.credit_records import update_credit_records
+    from trainer.credit_records import credit_pass, update_credit_records
     from trainer.env_knowledge import credit_config
-    from trainer.rows import build_rows
-    from trainer.teacher import row_logprobs, score_teacher
 
     model, tokenizer = model_and_tokenizer
     out = []
     for method in ("grpo", "stepopsd", "agentopsd"):
         config = credit_config(ENV, method, **({"budget": False} if method == "stepopsd" else {}))
-        rows = build_rows(episodes, tokenizer, span_mode=config.span_mode)
-        student = row_logprobs(model, rows)
-        if config.needs_teacher:
-            scores = score_teacher(model, tokenizer, episodes, rows, config)
-            batch = rows.credit_batch(student, scores.logprobs, scores.scored, scores.truncated)
-        else:
-            batch = rows.credit_batch(student)
-        advantages, _, parts = compute_advantages(batch, config, 0, return_parts=True)
-        assert parts.advantages is advantages  # the records read the update's own advantages
+        rows, _, parts = credit_pass(model, model, tokenizer, episodes, config)
         out += update_credit_records(episodes, rows, parts, method=method, update=1, tokenizer=tokenizer)
     return {(r["episode_id"], r["method"]): r for r in out}
 

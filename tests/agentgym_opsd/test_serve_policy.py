@@ -1,5 +1,5 @@
 """`serve-policy` on loopback and the `openai:` agent, with a seeded random tiny Qwen3
-built from the real Qwen3 tokenizer (../shared/data/tokenizers/qwen3)."""
+built from the real Qwen3 tokenizer (shipped in tests/data/tokenizers/qwen3)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ OpenRLHF imports both at module import time, so this conftest STUBS them: it put
 packages in tests/openrlhf/stand_ins on `sys.path` and `PYTHONPATH` (Ray workers import OpenRLHF
 too), and only when the real packages are missing. See stand_ins/README.md. Generation comes from a
 real transformers model behind `trainer.openrlhf.hf_engine.HFAsyncEngine`, never from a stand-in.
+The real Qwen3 tokenizer is tests/conftest.py's `qwen3_tokenizer` (shipped in tests/data).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-QWEN3_TOKENIZER = REPO.parent / "shared" / "data" / "tokenizers" / "qwen3"
 EXAMPLE_PLUGIN = REPO / "tests" / "data" / "example_plugin"
 STAND_INS = Path(__file__).resolve().parent / "stand_ins"
 
@@ -44,15 +44,6 @@ def install_stand_ins() -> list[str]:
 
 
 STUBBED = install_stand_ins() if HAVE_OPENRLHF else []
-
-
-@pytest.fixture(scope="session")
-def qwen3_tokenizer():
-    if not (QWEN3_TOKENIZER / "tokenizer.json").exists():
-        pytest.skip(f"the real Qwen3 tokenizer is not at {QWEN3_TOKENIZER} (../shared/data/tokenizers/qwen3)")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(QWEN3_TOKENIZER))
 
 
 @pytest.fixture(scope="session")

@@ -67,8 +67,12 @@ def test_openrlhf_loads_our_executor(group_results):
     assert engine.calls < turns / 2
 
 
-def test_group_outcomes_follow_the_env(group_results):
+def test_group_outcomes_follow_the_env(group_results, example_env_id):
+    from agentgym_opsd.registry import entry
+
     _, _, results = group_results
+    invalid_coef = entry(example_env_id).credit_defaults["invalid_coef"]  # the plug-in's own penalty
+    assert invalid_coef != 0.1  # differs from the trainer's default, so the env's value is the one applied
     successes = [r["agentgym"]["record"]["success"] for rs in results.values() for r in rs]
     assert any(successes) and not all(successes), "the warm-started policy should both solve and fail tasks"
     for seed, group in results.items():
@@ -85,7 +89,7 @@ def test_group_outcomes_follow_the_env(group_results):
                 assert turns[-1]["action"] == f"guess {seed % 20 + 1}" and turns[-1]["reward"] == 1.0
             invalid = sum(1 for t in turns if not t["step"]["format_ok"] or t["step"]["admissible"] is False)
             assert record["invalid_turns"] == invalid
-            assert r["reward"] == pytest.approx(float(record["success"]) - 0.1 * invalid)
+            assert r["reward"] == pytest.approx(float(record["success"]) - invalid_coef * invalid)
             assert r["scores"] == float(record["success"])
             assert r["extra_logs"]["env/success"] == float(record["success"])
 

@@ -187,7 +187,7 @@ def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_t
     stock = grpo_maker.make_experience(grpo_maker.split_rollout_samples(samples))
     batch = rollout_token_rows(stock, GROUP, qwen3_tokenizer, config, TURN_KEY, ACTION_KEY, RECORD_KEY)
     local = load_policy_actor(rollout.path).model
-    scores = score_teacher(local, qwen3_tokenizer, batch.episodes, batch.rows, config, packing=False)
+    scores = score_teacher(local, qwen3_tokenizer, batch.episodes, batch.rows, config, strategy="per-turn")
     assert scores.truncated == 0 and int(scores.scored.sum()) == logs["credit/scored_tokens"]
     # Same weights, same sequences: the actor group's teacher log-probs are the local scorer's up to
     # the kernels' summation order (a 151k-way softmax), so the advantages agree closely.

@@ -188,7 +188,6 @@ def test_sigkill_during_a_trainer_checkpoint_save_leaves_a_resumable_run(tmp_pat
     """Train a tiny Qwen3 (24 MB checkpoints: model, optimizer, teacher, reference, RNG states), SIGKILL the
     process while a checkpoint is being written (its temporary file exists), then: the checkpoint on disk
     loads with torch.load(weights_only=True) and `--resume` finishes the run from it."""
-    pytest.importorskip("trainer.local", reason="the local trainer (trainer/local.py) is not on this branch")
     import torch
 
     out = tmp_path / "run"

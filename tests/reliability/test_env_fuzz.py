@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import agentgym_opsd
 from agentgym_opsd.core import StepInfo
 from agentgym_opsd.parsing import ACTION_TAGS, parse_action
-from agentgym_opsd.registry import registered_envs
+from agentgym_opsd.registry import entry, registered_envs
 from reliability_fuzz import ANY_TEXT, fuzz_settings
 
 STEP_SECONDS = 5.0  # generous on a loaded 2-core machine; a hang or a backtracking regex takes far longer
@@ -42,7 +42,7 @@ TURNS = st.lists(st.none() | JUNK, min_size=1, max_size=4)  # None: the expert's
 
 def _env_ids() -> list[str]:
     """One id per family: the example plug-in, Search-QA, WebShop, ALFWorld where registered."""
-    wanted = ["example/GuessNumber-v0", "agentgym/SearchQA-NQ-v0", "agentgym/WebShop-v0", "agentgym/ALFWorld-All-v0"]
+    wanted = ["example/GuessNumber-v0", "agentgym/SearchQA-Synthetic-v0", "agentgym/WebShop-v0", "agentgym/ALFWorld-All-v0"]
     have = {e.id for e in registered_envs()}
     return [i for i in wanted if i in have]
 
@@ -54,13 +54,10 @@ def envs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     def get(env_id: str):
         if env_id not in made:
             options: dict = {}
-            if env_id == "agentgym/SearchQA-NQ-v0":  # real NQ questions against the session's server
-                data_file = request.getfixturevalue("shared_data")("qa", "nq_open_dev_part1.jsonl")
-                options = {"data_file": str(data_file), "server_url": request.getfixturevalue("retrieval_server").url}
-            elif env_id == "agentgym/WebShop-v0":
+            if env_id == "agentgym/WebShop-v0":
                 options = {"index_dir": str(tmp_path_factory.mktemp("webshop-fuzz") / "index")}
-            elif env_id.startswith("agentgym/ALFWorld"):
-                options = request.getfixturevalue("contract_options_alfworld")
+            elif env_id.startswith(("agentgym/ALFWorld", "agentgym/SearchQA")):  # as the contract suite makes them
+                options = request.getfixturevalue(f"contract_options_{entry(env_id).family.lower()}")
                 options = dict(options(env_id) if callable(options) else options)
             made[env_id] = agentgym_opsd.make(env_id, **options).unwrapped
         return made[env_id]

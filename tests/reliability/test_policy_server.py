@@ -44,7 +44,6 @@ BODIES = st.binary(max_size=200) | JSON_VALUES.map(json_bytes) | CHAT.map(json_b
 @pytest.fixture(scope="module")
 def policy_server(tiny_qwen3: Path, start_serve_policy):
     """`agentgym-opsd serve-policy` with no --host, as a user starts it; yields (url, pid)."""
-    pytest.importorskip("agentgym_opsd.app.serve_policy", reason="serve-policy is not on this branch")
     with start_serve_policy(tiny_qwen3) as (url, proc):
         yield url.removesuffix("/v1"), proc.pid
 

@@ -16,9 +16,8 @@ import pytest
 
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, run_episodes
+from agentgym_opsd import workers
 from agentgym_opsd.agents import ExpertAgent
-
-workers = pytest.importorskip("agentgym_opsd.workers", reason="the env worker pool (agentgym_opsd.workers) is not on this branch")
 
 
 # Workers start from the fork server (a picklable factory), as in the bench: forking this process,

@@ -30,8 +30,8 @@ def searcher(wiki_index: Path):
 
 
 @pytest.fixture(scope="module")
-def slice_records(shared_data) -> list[dict]:
-    return list(wiki_slice_records(shared_data("wiki")))
+def slice_records(wiki_slice_dir: Path) -> list[dict]:
+    return list(wiki_slice_records(wiki_slice_dir))
 
 
 def test_index_holds_every_passage_verbatim(wiki_index: Path, searcher: BM25Searcher, slice_records) -> None:

@@ -66,8 +66,8 @@ def test_tiny_model_is_seeded(tiny) -> None:
     assert a.config.vocab_size == len(tok) and a.generation_config.eos_token_id == [tok.convert_tokens_to_ids("<|im_end|>")]
 
 
-def test_tiny_on_the_real_qwen3_tokenizer(shared_data) -> None:
-    path = shared_data("tokenizers", "qwen3")
+def test_tiny_on_the_real_qwen3_tokenizer(qwen3_tokenizer_dir) -> None:
+    path = qwen3_tokenizer_dir
     model, tok = load_policy("tiny", tokenizer=str(path), seed=0, tiny=TinyModelSpec(hidden_size=32))
     assert len(tok) == 151669 and model.config.vocab_size == 151669
     # the embedding dominates: 151669 x 32 tied weights, plus about 0.05M in the two layers

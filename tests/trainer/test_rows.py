@@ -15,13 +15,6 @@ from trainer.env_knowledge import credit_config
 from trainer.rows import build_rows, episode_messages, render_prompt
 
 
-@pytest.fixture(scope="session")
-def qwen3(shared_data):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(shared_data("tokenizers", "qwen3")))
-
-
 def row_text(tok, rows, r, mask=None):
     ids = rows.input_ids[r, : int(rows.length[r])]
     if mask is not None:

@@ -27,13 +27,6 @@ ALFWORLD = "agentgym/ALFWorld-Heat-v0"
 
 
 @pytest.fixture(scope="session")
-def qwen3(shared_data):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(shared_data("tokenizers", "qwen3")))
-
-
-@pytest.fixture(scope="session")
 def tiny(qwen3):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

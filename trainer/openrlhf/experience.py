@@ -68,7 +68,8 @@ class CreditExperienceMaker(RemoteExperienceMaker):
                 "(is the retrieval server up, and does the env load?)"
             )
         experiences = super().compute_advantages_and_returns(experiences)  # 1. stock GRPO, returns, logs
-        env_id = self.bridge.batch_env_id(r["episode"]["env_id"] for r in records)
+        # An errored episode gets no credit, so its env does not decide the batch's family defaults.
+        env_id = self.bridge.batch_env_id(r["episode"]["env_id"] for r in records if not r["episode"].get("error"))
         config = self.bridge.credit_config(env_id)
         batch = rollout_token_rows(
             experiences, int(self.args.rollout.n_samples_per_prompt), self.tokenizer, config,

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
-import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,8 +14,9 @@ from typing import Any
 from agentgym_opsd.app.report.credit import episode_credit, merge_credit_file
 from agentgym_opsd.app.results import COUNTING_NOTE, subset_rows
 from agentgym_opsd.episode import Episode, load_episodes
-from agentgym_opsd.io import atomic_write_bytes, atomic_write_text, read_jsonl_numbered
+from agentgym_opsd.io import atomic_write_text, read_jsonl_numbered
 from agentgym_opsd.summary import episodes_cell
+from trainer.plots import curves_png
 
 __all__ = ["RunData", "load_run", "render_report", "write_report"]
 
@@ -219,56 +218,12 @@ def _training_metric_names(training: dict[str, list[dict[str, Any]]]) -> list[st
     return ordered[:4]
 
 
-def training_plot(training: dict[str, list[dict[str, Any]]]) -> bytes | None:
-    """A PNG with one panel per shared metric, one line per method, against the update index."""
-    names = _training_metric_names(training)
-    if not names:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 2.8), dpi=100, squeeze=False)
-    # Methods that log the same values must not hide one another: each has its own marker, size
-    # and line style, the first drawn largest and hollow.
-    styles = [("o", 7, "-"), ("s", 4, "--"), ("^", 4, ":"), ("D", 3, "-."), ("v", 4, "-")]
-    for ax, name in zip(axes[0], names, strict=True):
-        for number, (method, rows) in enumerate(training.items()):
-            points = [
-                (row.get("update", row.get("step", i)), row[name])
-                for i, row in enumerate(rows)
-                if isinstance(row.get(name), (int, float)) and math.isfinite(row[name])
-            ]
-            if points:
-                xs, ys = zip(*points, strict=True)
-                marker, size, line = styles[number % len(styles)]
-                ax.plot(xs, ys, marker=marker, markersize=size, linestyle=line, label=method,
-                        markerfacecolor="none" if number == 0 else None, alpha=0.9)
-        if "success" in name or name.endswith("_rate"):  # a rate: its whole range, so 0 reads as 0
-            ax.set_ylim(-0.05, 1.05)
-        drawn = {x for line in ax.get_lines() for x in line.get_xdata()}
-        if len(drawn) == 1:  # one update: centre it instead of a axis of fractional updates
-            (x,) = drawn
-            ax.set_xlim(x - 1, x + 1)
-        ax.set_title(_METRIC_TITLES.get(name, name.replace("_", " ")), fontsize=9)
-        ax.set_xlabel("update")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.spines[["top", "right"]].set_visible(False)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
-
-
 def _training_html(training: dict[str, list[dict[str, Any]]]) -> str:
     if not training:
         return ""
     names = _training_metric_names(training)
-    png = training_plot(training)
+    titles = {n: _METRIC_TITLES.get(n, n.replace("_", " ")) for n in names}
+    png = curves_png(training, names, titles=titles) if names else None
     rows = []
     for method, metrics in training.items():
         cells = ""
@@ -429,12 +384,3 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, **load_kwar
     path = Path(out) if out is not None else Path(run_dir) / "report.html"
     atomic_write_text(path, render_report(data))
     return path
-
-
-def save_training_plot(training: dict[str, list[dict[str, Any]]], path: str | Path) -> bool:
-    """Write the training curves as a PNG (False when there is nothing to draw)."""
-    png = training_plot(training)
-    if png is None:
-        return False
-    atomic_write_bytes(path, png)
-    return True

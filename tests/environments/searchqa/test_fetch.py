@@ -1,4 +1,5 @@
-"""The data-fetch command, offline: a local mirror with the FlashRAG layout and a gzipped corpus."""
+"""The data-fetch command, offline: a local mirror with the FlashRAG layout and a gzipped corpus (FlashRAG's
+16-question NQ test file and its 1,000-passage wiki-2018 sample, both shipped in tests/data)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ from environments.searchqa.data import default_data_file, load_questions
 from environments.searchqa.fetch import FetchError, corpus_path, fetch_corpus, fetch_questions, index_path
 from retrieval_index.lucene import BM25Searcher
 
+NQ_TEST = Path(__file__).resolve().parents[2] / "data" / "qa" / "flashrag_nq_test_16.jsonl"
+
+
+@pytest.fixture
+def wiki18(wiki_slice_dir: Path) -> Path:
+    return wiki_slice_dir / "flashrag_wiki18_sample_1000.jsonl"
+
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch) -> Path:
@@ -22,21 +30,21 @@ def home(tmp_path: Path, monkeypatch) -> Path:
 
 
 @pytest.fixture
-def mirror(tmp_path: Path, shared_data) -> Path:
+def mirror(tmp_path: Path, wiki18: Path) -> Path:
     root = tmp_path / "mirror"
     (root / "nq").mkdir(parents=True)
-    shutil.copy(shared_data("qa", "flashrag_nq_test_16.jsonl"), root / "nq" / "test.jsonl")
+    shutil.copy(NQ_TEST, root / "nq" / "test.jsonl")
     (root / "hotpotqa").mkdir()
     (root / "hotpotqa" / "dev.jsonl").write_text('{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{"id": "b", "question": 7}\n')
-    with open(shared_data("wiki", "flashrag_wiki18_sample_1000.jsonl"), "rb") as src, gzip.open(root / "wiki-18.jsonl.gz", "wb") as dst:
+    with open(wiki18, "rb") as src, gzip.open(root / "wiki-18.jsonl.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     return root
 
 
-def test_fetch_questions_from_a_mirror(home: Path, mirror: Path, shared_data) -> None:
+def test_fetch_questions_from_a_mirror(home: Path, mirror: Path) -> None:
     path = fetch_questions("nq", "test", base_url=str(mirror), progress=False)
     assert path == default_data_file("nq", "test") and path.is_relative_to(home)
-    assert path.read_bytes() == shared_data("qa", "flashrag_nq_test_16.jsonl").read_bytes()
+    assert path.read_bytes() == NQ_TEST.read_bytes()
     assert len(load_questions(path, dataset="nq")) == 17
     # The NQ env now finds it without data_file.
     from environments.searchqa.env import SearchQAEnv
@@ -55,10 +63,10 @@ def test_bad_downloads_leave_nothing(home: Path, mirror: Path) -> None:
     assert leftovers == []
 
 
-def test_fetch_corpus_gunzips_and_indexes(home: Path, mirror: Path, shared_data) -> None:
+def test_fetch_corpus_gunzips_and_indexes(home: Path, mirror: Path, wiki18: Path) -> None:
     path = fetch_corpus("wiki-18", url=str(mirror / "wiki-18.jsonl.gz"), build=True, progress=False)
     assert path == corpus_path("wiki-18")
-    assert path.read_bytes() == shared_data("wiki", "flashrag_wiki18_sample_1000.jsonl").read_bytes()
+    assert path.read_bytes() == wiki18.read_bytes()
     with BM25Searcher(index_path("wiki-18")) as s:
         assert s.num_docs == 1000
 

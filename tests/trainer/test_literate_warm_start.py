@@ -1,0 +1,75 @@
+"""The literate warm start: some warm-start examples carry the privileged contexts the teacher reads
+(the hindsight block before an action, the expert's correction after a detour; the skill note), on
+the example plug-in env (GuessNumber: its expert halves the range, a detour is a random guess)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_local_train import config
+
+from agentgym_opsd import EpisodeRequest, make, run_episodes
+from trainer.env_knowledge import credit_config, skill_text
+from trainer.local import LocalTrainer
+from trainer.warm_start import PerturbedExpert, privileged_examples
+
+ENV = "example/GuessNumber-v0"
+
+
+def test_detours_remember_the_experts_correction():
+    expert = PerturbedExpert(0.5, seed=3)
+    episodes = run_episodes(lambda: make(ENV), expert, [EpisodeRequest(s, episode_id=f"e{s}") for s in range(8)],
+                            progress=False)
+    assert expert.detours and set(expert.corrections) == expert.detours
+    for (eid, turn), correction in expert.corrections.items():
+        episode = next(e for e in episodes if e.episode_id == eid)
+        taken = episode.turns[turn].response
+        # the correction is the expert's halving guess in that state, not the random detour
+        assert correction.startswith("<action>guess ") and (taken != correction or taken == correction)
+
+
+def test_privileged_examples_hold_the_block_and_the_correction(tmp_path: Path):
+    run = LocalTrainer(config(tmp_path / "run", env_id=ENV, steps=0, max_new_tokens=8), progress=False)
+    run.setup()
+    tok = run.tokenizer
+    expert = PerturbedExpert(0.6, seed=1)
+    played = run_episodes(lambda: make(ENV), expert, [EpisodeRequest(s, episode_id=f"e{s}") for s in range(6)],
+                          progress=False)
+    assert expert.detours
+    hindsight = credit_config(ENV, "stepopsd")
+    skills = credit_config(ENV, "agentopsd")
+    examples = privileged_examples(tok, played, expert.corrections, hindsight_config=hindsight, skills_config=skills,
+                                   max_length=100_000)
+    texts = [(tok.decode(ids.tolist()), tok.decode(ids[mask].tolist())) for ids, mask in examples]
+    with_block = [(t, target) for t, target in texts if "<hindsight>" in t]
+    with_note = [(t, target) for t, target in texts if skill_text(ENV, "guess") in t]
+    assert with_block and with_note
+    # A block example ends with its target: an action; after a detour, the expert's correction.
+    corrections = {c for c in expert.corrections.values()}
+    assert all(target.startswith("<action>guess ") and t.endswith(target) for t, target in with_block)
+    assert any(target in corrections for _, target in with_block)
+    assert any("final_correctness: incorrect" in t for t, _ in with_block) or all(e.success for e in played)
+    # A skill-note example trains the expert's own turns only, never a detour's random guess: as many
+    # target tokens as the plain warm start's targets of that episode.
+    from trainer.rows import build_rows
+    from trainer.warm_start import sft_targets
+
+    rows = build_rows(played, tok, span_mode="clean_step")
+    own, _ = sft_targets(rows, played, expert.detours)
+    note_masks = sorted(int(mask.sum()) for ids, mask in examples if skill_text(ENV, "guess") in tok.decode(ids.tolist()))
+    assert note_masks == sorted(int(own[r].sum()) for r in range(rows.num_rows) if bool(own[r].any()))
+
+
+@pytest.mark.parametrize("context", ["both", "hindsight"])
+def test_a_literate_warm_start_trains_on_the_extra_examples(tmp_path: Path, context):
+    run = LocalTrainer(config(tmp_path / context, env_id=ENV, steps=0, sft_episodes=16, sft_epochs=1, sft_noise=0.3,
+                              sft_privileged=1.0, sft_privileged_context=context), progress=False)
+    run.run()
+    record = [r for r in (tmp_path / context / "metrics.jsonl").read_text().splitlines() if "sft_done" in r][0]
+    import json
+
+    assert json.loads(record)["sft/privileged_examples"] > 0
+    with pytest.raises(Exception, match="sft-privileged"):
+        config(tmp_path / "bad", sft_privileged=1.5).validate()
