@@ -25,6 +25,7 @@ __all__ = [
     "read_jsonl_numbered",
     "parse_json",
     "read_json_file",
+    "iter_json_array",
     "read_config_file",
     "atomic_directory",
     "DataFileError",
@@ -95,6 +96,92 @@ def read_file_bytes(path: str | os.PathLike[str], what: str = "file") -> bytes:
 def read_json_file(path: str | os.PathLike[str]) -> Any:
     """Read a whole JSON file; a missing or corrupt file raises `DataFileError` naming the file (and line)."""
     return parse_json(read_file_bytes(path, "JSON file"), Path(path))
+
+
+def iter_json_array(path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20) -> Iterator[Any]:
+    """Yield the elements of a file holding one JSON array, parsing one element at a time.
+
+    Memory stays at one element and one chunk of the file: `read_json_file` holds the file's bytes,
+    their text and every parsed element at once (WebShop's 1.18M-product item file is gigabytes).
+    A file that is not an array, or not valid JSON, raises `DataFileError` naming the file and line.
+    """
+    import codecs
+
+    path = Path(path)
+    decoder = json.JSONDecoder()
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    ws = re.compile(r"[ \t\n\r]*")
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataFileError(f"{path}: is a folder, not a JSON file") from None
+    with f:
+        buf, pos, eof = "", 0, False
+        line = 1  # the line of buf[0]
+
+        def more() -> bool:
+            nonlocal buf, pos, eof, line
+            if eof:
+                return False
+            raw = f.read(chunk_bytes)
+            try:
+                text = utf8.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                raise DataFileError(f"{path}:{line + buf.count(chr(10), 0, pos)}: invalid JSON: not UTF-8 ({e.reason})") from None
+            line += buf.count("\n", 0, pos)
+            buf, pos = buf[pos:] + text, 0
+            eof = not raw
+            return True
+
+        def skip_ws() -> None:
+            nonlocal pos
+            while True:
+                pos = ws.match(buf, pos).end()
+                if pos < len(buf) or not more():
+                    return
+
+        def fail(reason: str, at: int) -> DataFileError:
+            return DataFileError(f"{path}:{line + buf.count(chr(10), 0, at)}: invalid JSON: {reason}")
+
+        if buf.startswith("\ufeff") or (more() and buf.startswith("\ufeff")):
+            pos = 1
+        skip_ws()
+        if pos >= len(buf) or buf[pos] != "[":
+            raise fail(f"expected a JSON array, found {buf[pos:pos + 20]!r}" if pos < len(buf) else "the file is empty", pos)
+        pos += 1
+        skip_ws()
+        if pos < len(buf) and buf[pos] == "]":
+            pos += 1
+        else:
+            while True:
+                skip_ws()
+                while True:
+                    try:
+                        element, end = decoder.raw_decode(buf, pos)
+                    except json.JSONDecodeError as e:
+                        if more():  # the element may go on in the next chunk
+                            continue
+                        raise fail(e.msg, e.pos) from None
+                    except RecursionError:
+                        raise fail("arrays or objects nested too deeply", pos) from None
+                    if (end == len(buf) or buf[end] in "0123456789.eE+-") and more():  # a number cut by the chunk's end
+                        continue
+                    break
+                pos = end
+                yield element
+                skip_ws()
+                if pos < len(buf) and buf[pos] == ",":
+                    pos += 1
+                    continue
+                if pos < len(buf) and buf[pos] == "]":
+                    pos += 1
+                    break
+                raise fail("expected ',' or ']' after an element" if pos < len(buf) else "the array is not closed (a truncated file?)", pos)
+        skip_ws()
+        if pos < len(buf):
+            raise fail(f"extra data after the array: {buf[pos:pos + 20]!r}", pos)
 
 
 def read_config_file(path: str | os.PathLike[str], kind: str | None = None) -> Any:
@@ -265,22 +352,26 @@ def read_jsonl_numbered(
     """
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        f = open(path, "rb")  # read line by line: a large file is never held whole
     except FileNotFoundError:
         raise DataFileError(f"{path}: no such file") from None
-    lines = raw.split(b"\n")
-    last = len(lines) - 1
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = parse_json(line, path, line=number)
-        except DataFileError as e:
-            if skip_torn_lines:
+    except IsADirectoryError:
+        raise DataFileError(f"{path}: is a folder, not a JSONL file") from None
+    with f:
+        for number, line in enumerate(f, start=1):
+            complete = line.endswith(b"\n")  # else the last line, without its newline: a torn append
+            if complete:
+                line = line[:-1]
+            if not line.strip():
                 continue
-            if number - 1 == last:
-                raise DataFileError(str(e).replace(": invalid JSON:", ": truncated last line:", 1)) from None
-            raise
-        if not isinstance(obj, dict):
-            raise DataFileError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
-        yield number, obj
+            try:
+                obj = parse_json(line, path, line=number)
+            except DataFileError as e:
+                if skip_torn_lines:
+                    continue
+                if not complete:
+                    raise DataFileError(str(e).replace(": invalid JSON:", ": truncated last line:", 1)) from None
+                raise
+            if not isinstance(obj, dict):
+                raise DataFileError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+            yield number, obj

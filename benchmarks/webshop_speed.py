@@ -13,6 +13,10 @@ Measures, for `--envs` instances (default 64) made with `gymnasium.make("agentgy
 
     .venv/bin/python benchmarks/webshop_speed.py                         # ../shared/data/webshop, 64 envs
     .venv/bin/python benchmarks/webshop_speed.py --catalog builtin --envs 16
+    .venv/bin/python benchmarks/webshop_speed.py --catalog DIR --no-heap --json out.json   # what benchmarks/scale.py runs
+
+The catalog's load (its files and goals: `catalog_load_s`, with the peak RSS it reached) and the index
+build (`index_build_s`) are timed apart before the first env is made.
 
 Prints a table of figures; `--json PATH` also writes them.
 """
@@ -52,9 +56,25 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_rss_bytes() -> int:
+    """The highest resident memory of this process so far (VmHWM; not getrusage's ru_maxrss, which
+    Linux carries over from the parent across exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def heap_bytes() -> int:
+    """The Python heap traced by tracemalloc (0 when it is off: `--no-heap`)."""
     gc.collect()
-    return tracemalloc.get_traced_memory()[0]
+    return tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -70,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index-dir", default=None, help="index folder (default: a temporary one, built here)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--no-heap", action="store_true",
+                        help="no tracemalloc (Python heap figures): it slows loading and adds memory; for load time and RSS at scale")
     args = parser.parse_args(argv)
 
     index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-speed-")) / "index")
@@ -78,13 +100,25 @@ def main(argv: list[str] | None = None) -> int:
     def make():
         return agentgym_opsd.make("agentgym/WebShop-v0", catalog=catalog, index_dir=index_dir, split="all")
 
-    tracemalloc.start()
+    from environments.webshop.world import get_world
+
+    if not args.no_heap:
+        tracemalloc.start()
     rss0, heap0 = rss_bytes(), heap_bytes()
     t0 = time.perf_counter()
+    loaded = get_world(catalog, index_dir=index_dir)  # the catalog's files and its goals (what make() loads first)
+    load_s = time.perf_counter() - t0
+    rss_loaded = rss_bytes()
+    peak_load = peak_rss_bytes()
+    t0 = time.perf_counter()
+    loaded.search  # the search index: built here when index_dir holds none
+    index_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     first = make()
-    build_s = time.perf_counter() - t0
+    build_s = load_s + index_s + time.perf_counter() - t0
     rss1, heap1 = rss_bytes(), heap_bytes()
     world = first.unwrapped.world
+    assert world is loaded, "make() did not reuse the world get_world() loaded"
 
     t0 = time.perf_counter()
     envs = [first] + [make() for _ in range(args.envs - 1)]
@@ -146,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         "products": len(world.catalog),
         "goals": len(world.goals),
         "envs": args.envs,
+        "catalog_load_s": round(load_s, 3),
+        "index_build_s": round(index_s, 3),
+        "index_mib": round(sum(p.stat().st_size for p in Path(index_dir).rglob("*") if p.is_file()) / 2**20, 2),
+        "rss_after_catalog_load_mb": round(rss_loaded / 2**20, 1),
+        "peak_rss_catalog_load_mb": round(peak_load / 2**20, 1),
         "first_env_build_s": round(build_s, 3),
         "extra_env_make_ms": round(make_ms, 3),
         "rss_before_mb": round(rss0 / 2**20, 1),
@@ -168,10 +207,16 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"{kind}_ms_mean"] = round(statistics.fmean(ms), 3) if ms else None
         figures[f"{kind}_ms_p50"] = round(percentile(ms, 50), 3)
         figures[f"{kind}_ms_p95"] = round(percentile(ms, 95), 3)
+    figures["peak_rss_mb"] = round(peak_rss_bytes() / 2**20, 1)
     steps = [v for k in ("search", "click", "buy") for v in timings[k]]
     figures["step_ms_mean"] = round(statistics.fmean(steps) * 1000, 3)
     figures["steps_per_s"] = round(len(steps) / sum(steps), 1)
-    tracemalloc.stop()
+    if args.no_heap:
+        for key in ("world_python_heap_mb", "per_env_python_heap_kb", "per_env_python_heap_after_episodes_kb",
+                    "per_env_over_world_heap", "shared_cache_growth_kb"):
+            figures.pop(key)
+    else:
+        tracemalloc.stop()
 
     width = max(len(k) for k in figures)
     for key, value in figures.items():

@@ -15,6 +15,7 @@ Start the JVM after forking, never before: a forked child cannot use its parent'
     searcher = BM25Searcher("indexes/wiki")                     # k1=0.9, b=0.4 (Anserini's defaults)
     searcher.search("who wrote hamlet", k=3)                    # [Hit(docid, score, contents), ...]
     searcher.batch_search(["q1", "q2"], k=3, threads=2)         # many queries in one hold of the JVM lock
+    build_index_in_child(records, "indexes/shop")               # the same build in a child process (see there)
     searcher.doc("vital-42")                                    # contents, from the index alone
 """
 
@@ -24,6 +25,7 @@ import glob
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -41,6 +43,7 @@ __all__ = [
     "IndexNotFound",
     "BM25Searcher",
     "build_index",
+    "build_index_in_child",
     "read_index_info",
     "start_jvm",
     "java_class",
@@ -289,6 +292,112 @@ def build_index(
         bar.close()
 
 
+class _SizedRecords:
+    """Records read from a stream of JSON lines, with a known count (for the progress bar)."""
+
+    def __init__(self, lines: Any, total: int | None) -> None:
+        self.lines, self.total = lines, total
+
+    def __len__(self) -> int:
+        return int(self.total or 0)
+
+    def __iter__(self):
+        for number, line in enumerate(self.lines, start=1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except ValueError as e:
+                    raise ValueError(f"record {number} from the parent is not JSON ({e})") from None
+
+
+def build_index_in_child(
+    records: Iterable[dict[str, Any]],
+    out_dir: str | os.PathLike[str],
+    *,
+    threads: int = 1,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> IndexInfo:
+    """`build_index` in a child process (`python -m retrieval_index.lucene`), the records streamed to it
+    as JSON lines on its stdin.
+
+    For a process that builds an index and then keeps running (an env that indexes its catalog on
+    first use): indexing grows the JVM's heap with the corpus (Anserini buffers up to 4 GB of
+    postings before it writes them, and the JVM keeps the heap it grew; WebShop's env process held
+    about 0.7 GB more after indexing 100k products), and a JVM never gives that back. In a child it
+    goes when the child exits; this process starts its JVM later, to search, at the searcher's size.
+
+    Raises:
+        FileExistsError: `out_dir` holds something and `overwrite` is False.
+        RuntimeError: the child failed; the message holds the end of its error output.
+    """
+    import subprocess
+    import sys
+
+    total = len(records) if hasattr(records, "__len__") else None  # type: ignore[arg-type]
+    cmd = [sys.executable, "-m", "retrieval_index.lucene", "--stdin", str(out_dir), "--threads", str(int(threads))]
+    if total is not None:
+        cmd += ["--total", str(total)]
+    if not progress:
+        cmd.append("--quiet")
+    if overwrite:
+        cmd.append("--overwrite")
+    with tempfile.TemporaryFile() as err:
+        # With a progress bar the child's stderr is this process's (the bar, and any error, show there).
+        child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None if progress else err)
+        try:
+            assert child.stdin is not None
+            try:
+                for record in records:
+                    child.stdin.write(json.dumps(record).encode("utf-8") + b"\n")
+                child.stdin.close()
+            except BrokenPipeError:  # the child stopped reading: its error says why
+                pass
+            out = child.stdout.read() if child.stdout is not None else b""
+            child.wait()
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+        err.seek(0)
+        message = err.read().decode("utf-8", "replace").strip() or "(its error output is above)"
+    if child.returncode == _EXIT_EXISTS:
+        raise FileExistsError(message.splitlines()[-1] if progress is False else f"{out_dir} already exists")
+    if child.returncode != 0:
+        raise RuntimeError(f"building the index {out_dir} in a child process failed (exit {child.returncode}):\n{message[-3000:]}")
+    return IndexInfo(**json.loads(out))
+
+
+_EXIT_EXISTS = 3
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """`python -m retrieval_index.lucene --stdin OUT_DIR`: build an index of the JSON-line records on stdin
+    (what `build_index_in_child` runs); prints the IndexInfo as JSON."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m retrieval_index.lucene")
+    parser.add_argument("--stdin", required=True, metavar="OUT_DIR", help="index the JSON-line records on stdin into OUT_DIR")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--total", type=int, default=None, help="how many records (for the progress bar)")
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    records = _SizedRecords(sys.stdin.buffer, args.total) if args.total is not None else (
+        json.loads(line) for line in sys.stdin.buffer if line.strip())  # fmt: skip
+    try:
+        info = build_index(records, args.stdin, threads=args.threads, progress=not args.quiet, overwrite=args.overwrite)
+    except FileExistsError as e:
+        print(e, file=sys.stderr)
+        return _EXIT_EXISTS
+    except (ValueError, OSError, RuntimeError) as e:  # DataFileError is a ValueError
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(asdict(info)))
+    return 0
+
+
 class BM25Searcher:
     """BM25 search over an index built by `build_index` (or any Anserini index with stored contents).
 
@@ -442,3 +551,7 @@ class BM25Searcher:
 
     def __repr__(self) -> str:
         return f"BM25Searcher({self.index_dir!r}, k1={self.k1}, b={self.b}, num_docs={self.num_docs})"
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

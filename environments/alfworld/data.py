@@ -22,7 +22,7 @@ from typing import Any
 from agentgym_opsd.core import EnvUnavailable
 from environments.alfworld.expert import TASK_TYPES
 
-__all__ = ["GameEntry", "resolve_data_root", "discover_games", "read_traj_data"]
+__all__ = ["GameEntry", "resolve_data_root", "discover_games", "read_traj_data", "read_task_params"]
 
 SPLIT_FOLDERS = ("train", "valid_seen", "valid_unseen")
 
@@ -88,8 +88,7 @@ def _task_type(task_folder: str, trial: Path) -> str | None:
     prefix = task_folder.split("-", 1)[0]
     if prefix in TASK_TYPES:
         return prefix
-    traj = read_traj_data(trial)
-    value = traj.get("task_type") if traj else None
+    value, _ = read_task_params(trial)
     return value if value in TASK_TYPES else None
 
 
@@ -121,15 +120,27 @@ def discover_games(root: Path, split: str) -> tuple[GameEntry, ...]:
     return tuple(entries)
 
 
-@lru_cache(maxsize=4096)
-def _read_traj(path: str) -> dict[str, Any] | None:
+def read_traj_data(trial: Path) -> dict[str, Any] | None:
+    """A trial folder's traj_data.json, or None (read from the file at each call: ALFWorld's files are
+    a few hundred kB each, with the ALFRED plan and images; `read_task_params` keeps what plays need)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads((Path(trial) / "traj_data.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def read_traj_data(trial: Path) -> dict[str, Any] | None:
-    """A trial folder's traj_data.json (cached), or None."""
-    return _read_traj(str(trial / "traj_data.json"))
+@lru_cache(maxsize=8192)
+def _task_params(path: str) -> tuple[Any, Any]:
+    data = read_traj_data(Path(path))
+    if data is None:
+        return None, None
+    return data.get("task_type"), data.get("pddl_params")
+
+
+def read_task_params(trial: Path) -> tuple[str | None, dict[str, Any]]:
+    """`(task_type, pddl_params)` of a trial's traj_data.json (`None, {}` without one), cached per
+    process: only these two fields are kept, not the whole file (a parsed ALFWorld traj_data.json is
+    about a MB in memory; a process cycling through 3,553 games kept them all)."""
+    task_type, params = _task_params(str(trial))
+    return (task_type if isinstance(task_type, str) else None), (dict(params) if isinstance(params, dict) else {})

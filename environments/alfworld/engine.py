@@ -34,9 +34,11 @@ import os
 import re
 import sys
 import threading
+import zlib
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -299,7 +301,20 @@ def _grammar_for(domain: str, grammar_text: str) -> tuple[_Grammar, list[Any] | 
         instead of the shared one, or None when the grammar was parsed whole.
     """
     with _PARSE_LOCK:
-        return _grammar_for_locked(domain, grammar_text)
+        try:
+            return _grammar_for_locked(domain, grammar_text)
+        finally:
+            _release_parse_failures()
+
+
+def _release_parse_failures() -> None:
+    """Drop the furthest parse failure TextWorld's parsers (tatsu) keep after every parse, even a
+    successful one: its traceback holds every frame of the caller, locals included, so the last game
+    compiled (its translation, its JSON: about a MB) stayed in memory until the next parse."""
+    for module in ("textworld.envs.pddl.textgen", "textworld.envs.pddl.logic", "textworld.logic"):
+        parser = getattr(sys.modules.get(module), "_PARSER", None)
+        if parser is not None and getattr(parser, "_furthest_exception", None) is not None:
+            parser._furthest_exception = None
 
 
 def _grammar_for_locked(domain: str, grammar_text: str) -> tuple[_Grammar, list[Any] | None]:
@@ -452,20 +467,23 @@ class _Operator:
 class CompiledGame:
     """Everything derived once from a game file (shared by every engine in the process).
 
+    What a game keeps is what its resets and steps read: not the game file's JSON, and the SAS
+    translation zlib-compressed (a few hundred kB as text, a tenth of that compressed; decompressing it
+    at a reset costs well under a millisecond), so that a process can hold many games.
+
     Attributes:
         key: hash of the game's domain, grammar and problem (identifies the game's states).
-        data: the game file's JSON (after `modernize_game_data`).
         modernized: the legacy put grammar was rewritten on load.
         walkthrough: the game file's walkthrough (may be None).
+        sas_compressed: fast-downward's SAS translation, zlib-compressed (`sas` gives it back).
     """
 
     key: str
-    data: dict[str, Any]
     modernized: bool
     walkthrough: list[str] | None
     grammar: _Grammar
     task_rule: list[Any] | None
-    sas: bytes
+    sas_compressed: bytes
     action_params: dict[str, list[tuple[str, str]]]
     name2type: dict[str, str]
     init_facts: list[Any]
@@ -484,10 +502,58 @@ class CompiledGame:
         """Entity id -> its name in the text ("potato 2")."""
         return {k: v.name for k, v in self.infos.items()}
 
+    @property
+    def sas(self) -> bytes:
+        """fast-downward's SAS translation of the game (what its library loads at a reset)."""
+        return zlib.decompress(self.sas_compressed)
+
 
 _COMPILED: OrderedDict[str, CompiledGame] = OrderedDict()
 _COMPILED_LOCK = threading.Lock()
 COMPILED_CACHE_SIZE = int(os.environ.get("AGENTGYM_ALFWORLD_GAME_CACHE", "512"))
+# (path, mtime, size, inode, modernize) -> the game's key: a reset of a game in memory reads no file.
+_KEYS_OF_FILES: OrderedDict[tuple, str] = OrderedDict()
+_KEYS_OF_FILES_SIZE = 65_536
+MAX_INTERNED_PROPOSITIONS = 50_000
+"""TextWorld interns every `Proposition` it makes in a process-wide table (the `mementos` package's
+cache, never emptied): about 2,000 per game, 1 MB, so a process that plays ALFWorld's 3,553 games held
+3.5 GB that no game used any more. Past this many, the interned propositions are forgotten (see
+`bound_interned_propositions`)."""
+
+
+def bound_interned_propositions(limit: int | None = None) -> int:
+    """Forget TextWorld's interned propositions when there are more than `limit` (default
+    `MAX_INTERNED_PROPOSITIONS`); returns how many were forgotten.
+
+    Interning is a cache: `Proposition` compares and hashes by value, so propositions made later are
+    equal to the forgotten ones, and the ones games hold stay alive through their own references. The
+    table is copied (one C call, atomic under the GIL), filtered and put back in one assignment, so a
+    thread that interns meanwhile at worst loses that one entry."""
+    try:
+        import mementos.core as mementos_core
+    except ImportError:  # a TextWorld without it interns nothing
+        return 0
+    limit = MAX_INTERNED_PROPOSITIONS if limit is None else int(limit)
+    table = mementos_core._memento_cache
+    if len(table) <= limit:
+        return 0
+    proposition = _TW.load().Proposition
+
+    def interned_proposition(key: Any) -> bool:
+        return type(key) is tuple and bool(key) and isinstance(key[0], type) and issubclass(key[0], proposition)
+
+    snapshot = dict(table)
+    kept = {k: v for k, v in snapshot.items() if not interned_proposition(k)}
+    mementos_core._memento_cache = kept
+    return len(snapshot) - len(kept)
+
+
+def _file_identity(path: Path, modernize: bool) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (str(path.resolve()), st.st_mtime_ns, st.st_size, st.st_ino, modernize)
 
 
 def compile_game(
@@ -499,6 +565,9 @@ def compile_game(
 ) -> CompiledGame:
     """Parse and translate a game once (cached by content in this process, and on disk).
 
+    A game already in memory, given by a path whose file has not changed (same modification time,
+    size and inode), is returned without reading the file again.
+
     Args:
         source: a `game.tw-pddl` path, or its JSON content.
         modernize: rewrite json_2.1.1-era put actions to alfworld 0.4's "move X to Y" (see
@@ -507,6 +576,14 @@ def compile_game(
             a game is translated once per machine rather than once per process.
         cache_dir: `<cache>` (default `$AGENTGYM_OPSD_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`).
     """
+    identity = None if isinstance(source, Mapping) else _file_identity(Path(source), modernize)
+    if identity is not None:
+        with _COMPILED_LOCK:
+            known = _KEYS_OF_FILES.get(identity)
+            game = _COMPILED.get(known) if known is not None else None
+            if game is not None:
+                _COMPILED.move_to_end(known)
+                return game
     data = read_game_file(source) if not isinstance(source, Mapping) else dict(source)
     modernized = False
     if modernize:
@@ -517,6 +594,10 @@ def compile_game(
         digest.update(b"\x00")
     key = digest.hexdigest()
     with _COMPILED_LOCK:
+        if identity is not None:
+            _KEYS_OF_FILES[identity] = key
+            while len(_KEYS_OF_FILES) > _KEYS_OF_FILES_SIZE:
+                _KEYS_OF_FILES.popitem(last=False)
         game = _COMPILED.get(key)
         if game is not None:
             _COMPILED.move_to_end(key)
@@ -532,13 +613,17 @@ def compile_game(
         _COMPILED[key] = game
         while len(_COMPILED) > COMPILED_CACHE_SIZE:
             _COMPILED.popitem(last=False)
+    bound_interned_propositions()  # a new game: about 2,000 more interned propositions
     return game
 
 
 TRANSLATION_FORMAT = 1
 
 
+@lru_cache(maxsize=1)
 def _engine_versions() -> dict[str, str]:
+    """The format and engine versions a cached translation must match (read once per process: each
+    `importlib.metadata` lookup scans the installed distributions, ~10 ms)."""
     from importlib import metadata
 
     out = {"format": str(TRANSLATION_FORMAT)}
@@ -610,21 +695,32 @@ def _from_translation(key: str, data: dict[str, Any], modernized: bool, translat
                 grammar.logic.types.add(tw.logic.Type(name, supertypes))
             except ValueError:
                 pass
-    name2type = dict(translation["name2type"])
-    init_facts = [tw.Proposition(p, [tw.Variable(a, name2type[a]) for a in args]) for p, args in translation["init_facts"]]
+    # Names are interned and one Variable per object is shared by its facts: the parsed JSON holds a
+    # string per mention (thousands per game), which a game kept in memory would hold on to.
+    intern = sys.intern
+    name2type = {intern(k): intern(v) for k, v in translation["name2type"].items()}
+    variables: dict[str, Any] = {}
+
+    def variable(name: str) -> Any:
+        var = variables.get(name)
+        if var is None:
+            name = intern(name)
+            var = variables[name] = tw.Variable(name, name2type[name])
+        return var
+
+    init_facts = [tw.Proposition(intern(p), [variable(a) for a in args]) for p, args in translation["init_facts"]]
     walkthrough = data.get("walkthrough")
     return CompiledGame(
         key=key,
-        data=data,
         modernized=modernized,
         walkthrough=list(walkthrough) if isinstance(walkthrough, list) else None,
         grammar=grammar,
         task_rule=task_rule,
-        sas=translation["sas"].encode("utf-8"),
-        action_params={k: [(p, t) for p, t in v] for k, v in translation["action_params"].items()},
+        sas_compressed=zlib.compress(translation["sas"].encode("utf-8"), 1),
+        action_params={intern(k): [(intern(p), intern(t)) for p, t in v] for k, v in translation["action_params"].items()},
         name2type=name2type,
         init_facts=init_facts,
-        static_predicates=frozenset(translation["static_predicates"]),
+        static_predicates=frozenset(intern(p) for p in translation["static_predicates"]),
         negated_read=negated_predicates_read(data["grammar"]),
     )
 
@@ -702,7 +798,7 @@ class AlfredEngine:
             raise RuntimeError("AlfredEngine.reset() before load()")
         if self._lib is None:
             self._lib = _LIBRARIES.acquire()
-        self._lib.load_sas(game.sas)
+        self._lib.load_sas(game.sas)  # decompressed here: a game in memory keeps it compressed
         self._loaded_key = game.key
         if game.initial_ops is None:  # set last by _first_load: when it is there, everything is
             with game.first_load_lock:

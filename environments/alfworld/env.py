@@ -32,7 +32,7 @@ from typing import Any
 
 from agentgym_opsd.core import EnvUnavailable, Hindsight, TextEnv, Transition, hash_state
 from agentgym_opsd.parsing import ParsedAction
-from environments.alfworld.data import GameEntry, discover_games, read_traj_data, resolve_data_root
+from environments.alfworld.data import GameEntry, discover_games, read_task_params, resolve_data_root
 from environments.alfworld.engine import NOTHING_HAPPENS, AlfredEngine, GameFileError, compile_game
 from environments.alfworld.expert import TASK_TYPES, ExpertError, TaskSpec, World, plan
 from environments.alfworld.panel import SPLITS, PanelSpec, ensure_panel
@@ -222,9 +222,9 @@ class AlfWorldEnv(TextEnv):
             game = compile_game(entry.game_file, cache_dir=self.cache_dir)
         except GameFileError as e:
             raise EnvUnavailable(f"ALFWorld game {entry.task_id}: {e}") from None
-        traj = read_traj_data(entry.folder) or {}
+        _, pddl_params = read_task_params(entry.folder)
         try:
-            self.task_spec = TaskSpec.from_pddl_params(entry.task_type, traj.get("pddl_params") or {})
+            self.task_spec = TaskSpec.from_pddl_params(entry.task_type, pddl_params)
         except ExpertError:
             self.task_spec = None  # the game plays; only the expert and its hindsight plan are unavailable
         self.entry = entry

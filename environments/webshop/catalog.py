@@ -29,14 +29,14 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.core import EnvUnavailable
-from agentgym_opsd.io import DataFileError, parse_json, read_json_file
+from agentgym_opsd.io import DataFileError, iter_json_array, read_json_file, read_jsonl_numbered
 
 __all__ = [
     "Product",
@@ -136,7 +136,12 @@ def price_of(product: Product) -> float:
     return random.Random(f"webshop-price:{product.asin}").uniform(low, high)
 
 
-def _options_from_raw(customization_options: Any) -> dict[str, tuple[str, ...]]:
+def _shared(strings: dict[str, str] | None, text: str) -> str:
+    """`text`, or the equal string already in `strings` (one object for a value many products repeat)."""
+    return text if strings is None else strings.setdefault(text, text)
+
+
+def _options_from_raw(customization_options: Any, strings: dict[str, str] | None = None) -> dict[str, tuple[str, ...]]:
     options: dict[str, tuple[str, ...]] = {}
     if not isinstance(customization_options, Mapping):
         return options
@@ -148,8 +153,8 @@ def _options_from_raw(customization_options: Any) -> dict[str, tuple[str, ...]]:
             value = content.get("value") if isinstance(content, Mapping) else content
             if value is None:
                 continue
-            values.append(str(value).strip().replace("/", " | ").lower())
-        options[str(name).lower()] = tuple(values)
+            values.append(_shared(strings, str(value).strip().replace("/", " | ").lower()))
+        options[_shared(strings, str(name).lower())] = tuple(values)
     return options
 
 
@@ -170,20 +175,24 @@ def _reviews(value: Any) -> tuple[tuple[str, str, str], ...]:
     return tuple(out)
 
 
-def _annotated_attributes(record: Mapping[str, Any] | None) -> tuple[str, ...]:
+def _annotated_attributes(record: Mapping[str, Any] | None, strings: dict[str, str] | None = None) -> tuple[str, ...]:
     """WebShop's `Attributes` of a product from its `items_ins_v2` record: the record's list as it is
     (empty included), or ["DUMMY_ATTR"] when the product has no record or the record no `attributes`."""
     if record and "attributes" in record and record["attributes"] is not None:
-        return tuple(_as_list(record["attributes"]))
+        return tuple(_shared(strings, a) for a in _as_list(record["attributes"]))
     return ("DUMMY_ATTR",)
 
 
-def product_from_raw(item: Mapping[str, Any], attributes: Mapping[str, Any] | None = None) -> Product:
+def product_from_raw(
+    item: Mapping[str, Any], attributes: Mapping[str, Any] | None = None, strings: dict[str, str] | None = None
+) -> Product:
     """A product from one raw `items_shuffle` record (processed as WebShop's `load_products`).
 
     Args:
         item: the raw record.
         attributes: the `items_ins_v2` record of this ASIN (for `Attributes`), if any.
+        strings: shared strings of a catalog being loaded: values that many products repeat (category,
+            query, category path, option names and values, attributes, price tags) are kept once.
     """
     asin = str(item["asin"])
     pricing, price_tag = parse_pricing(item.get("pricing"))
@@ -193,47 +202,50 @@ def product_from_raw(item: Mapping[str, Any], attributes: Mapping[str, Any] | No
         description=str(item.get("full_description") or ""),
         bullet_points=tuple(_as_list(item.get("small_description"))) or ("",),
         pricing=pricing,
-        price_tag=price_tag,
-        options=_options_from_raw(item.get("customization_options")),
-        attributes=_annotated_attributes(attributes),
-        category=str(item.get("category") or ""),
-        query=str(item.get("query") or "").lower().strip(),
-        product_category=str(item.get("product_category") or ""),
+        price_tag=_shared(strings, price_tag),
+        options=_options_from_raw(item.get("customization_options"), strings),
+        attributes=_annotated_attributes(attributes, strings),
+        category=_shared(strings, str(item.get("category") or "")),
+        query=_shared(strings, str(item.get("query") or "").lower().strip()),
+        product_category=_shared(strings, str(item.get("product_category") or "")),
     )
 
 
-def product_from_processed(product: Mapping[str, Any], attributes: Mapping[str, Any] | None = None) -> Product:
+def product_from_processed(
+    product: Mapping[str, Any], attributes: Mapping[str, Any] | None = None, strings: dict[str, str] | None = None
+) -> Product:
     """A product from the `product` field of a `documents.jsonl` line (already processed by WebShop).
 
-    Falls back to the raw field names where a processed one is missing.
+    Falls back to the raw field names where a processed one is missing. `strings`: see `product_from_raw`.
     """
     if "Title" not in product and "name" in product:
-        return product_from_raw(product, attributes)
+        return product_from_raw(product, attributes, strings)
     pricing, price_tag = parse_pricing(product.get("pricing"))
     raw_options = product.get("options")
     if isinstance(raw_options, Mapping):
-        options = {str(k).lower(): tuple(str(v) for v in (vals or ())) for k, vals in raw_options.items()}
+        options = {_shared(strings, str(k).lower()): tuple(_shared(strings, str(v)) for v in (vals or ()))
+                   for k, vals in raw_options.items()}  # fmt: skip
     else:
-        options = _options_from_raw(product.get("customization_options"))
+        options = _options_from_raw(product.get("customization_options"), strings)
     if product.get("Attributes") is not None:  # already processed: kept as it is, an empty list too
-        attrs = tuple(_as_list(product["Attributes"]))
+        attrs = tuple(_shared(strings, a) for a in _as_list(product["Attributes"]))
         if attrs == ("DUMMY_ATTR",) and attributes and "attributes" in attributes:
-            attrs = _annotated_attributes(attributes)
+            attrs = _annotated_attributes(attributes, strings)
     else:
-        attrs = _annotated_attributes(attributes)
+        attrs = _annotated_attributes(attributes, strings)
     return Product(
         asin=str(product.get("asin") or ""),
         title=str(product.get("Title") or ""),
         description=str(product.get("Description") or ""),
         bullet_points=tuple(_as_list(product.get("BulletPoints"))) or ("",),
         pricing=pricing,
-        price_tag=str(product.get("Price") or price_tag),
+        price_tag=_shared(strings, str(product.get("Price") or price_tag)),
         options=options,
         attributes=attrs,
-        category=str(product.get("category") or ""),
-        query=str(product.get("query") or "").lower().strip(),
-        product_category=str(product.get("product_category") or ""),
-        rating=str(product.get("Rating") if product.get("Rating") not in (None, "") else "N.A."),
+        category=_shared(strings, str(product.get("category") or "")),
+        query=_shared(strings, str(product.get("query") or "").lower().strip()),
+        product_category=_shared(strings, str(product.get("product_category") or "")),
+        rating=_shared(strings, str(product.get("Rating") if product.get("Rating") not in (None, "") else "N.A.")),
         reviews=_reviews(product.get("Reviews")),
     )
 
@@ -247,23 +259,29 @@ def _read_json(path: Path) -> Any:
         raise CatalogError(str(e)) from None
 
 
-def _read_documents(path: Path) -> list[dict[str, Any]]:
-    records = []
+def _iter_documents(path: Path) -> Iterator[dict[str, Any]]:
+    """The `product` of each line of a WebShop `documents.jsonl`, read line by line."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise CatalogError(f"{path}: no such file (pass the path of a WebShop documents.jsonl)") from None
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = parse_json(line, path, line=number)
-        except DataFileError as e:
-            raise CatalogError(str(e)) from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("product"), dict):
-            raise CatalogError(f"{path}:{number}: expected a WebShop document {{'id', 'contents', 'product'}}")
-        records.append(obj)
-    return records
+        for number, obj in read_jsonl_numbered(path):
+            if not isinstance(obj.get("product"), dict):
+                raise CatalogError(f"{path}:{number}: expected a WebShop document {{'id', 'contents', 'product'}}")
+            yield obj["product"]
+    except DataFileError as e:  # names the file and the line
+        hint = " (pass the path of a WebShop documents.jsonl)" if "no such file" in str(e) else ""
+        raise CatalogError(f"{e}{hint}") from None
+
+
+def _iter_items(path: Path) -> Iterator[Any]:
+    """The records of a raw `items_shuffle*.json` (one JSON array), parsed one at a time."""
+    if not path.exists():
+        raise CatalogError(f"{path}: no such file (pass the path of a WebShop data file)")
+    try:
+        yield from iter_json_array(path)
+    except DataFileError as e:  # names the file and the line
+        message = str(e)
+        if "expected a JSON array" in message:
+            message += " (a WebShop items file is a JSON list of items)"
+        raise CatalogError(message) from None
 
 
 def find_catalog_files(directory: str | Path) -> dict[str, Path]:
@@ -379,6 +397,7 @@ class Catalog:
         synthetic_ins: dict[str, tuple[str, tuple[str, ...]]] = {}
         human_ins: dict[str, list[dict[str, Any]]] = {}
         seen: set[str] = set()
+        strings: dict[str, str] = {}  # values many products repeat, kept once (see product_from_raw)
         for i, record in enumerate(records):
             if num_products is not None and i >= num_products:
                 break
@@ -390,12 +409,13 @@ class Catalog:
             seen.add(asin)
             ins = attributes.get(asin)
             try:
-                product = product_from_processed(record, ins) if processed else product_from_raw(record, ins)
+                product = product_from_processed(record, ins, strings) if processed else product_from_raw(record, ins, strings)
             except (TypeError, ValueError, AttributeError, KeyError) as e:  # a field of the wrong type
                 raise CatalogError(f"catalog {name}: record {i} ({asin}) is malformed ({type(e).__name__}: {e})") from None
             products.append(product)
             if ins and ins.get("instruction"):
-                synthetic_ins[asin] = (str(ins["instruction"]), tuple(_as_list(ins.get("instruction_attributes"))))
+                synthetic_ins[asin] = (str(ins["instruction"]),
+                                       tuple(_shared(strings, a) for a in _as_list(ins.get("instruction_attributes"))))  # fmt: skip
             if human and asin in human:
                 human_ins[asin] = list(human[asin])
             elif processed and isinstance(record.get("instructions"), list):
@@ -434,13 +454,13 @@ class Catalog:
         human_map = _read_json(Path(human).expanduser()) if human is not None else None
         if human_map is not None and not isinstance(human_map, dict):
             raise CatalogError(f"{human}: expected {{asin: [instruction records]}}")
+        # Products are read one at a time (the raw file is never held whole: WebShop's full item file is
+        # gigabytes) and the reading stops after num_products.
         if items_path.suffix == ".jsonl":
-            records = [doc["product"] for doc in _read_documents(items_path)]
+            records: Iterable[Any] = _iter_documents(items_path)
             processed = True
         else:
-            records = _read_json(items_path)
-            if not isinstance(records, list):
-                raise CatalogError(f"{items_path}: expected a JSON list of WebShop items")
+            records = _iter_items(items_path)
             processed = False
         try:
             return cls.from_records(
@@ -451,5 +471,6 @@ class Catalog:
                 human=human_map,
                 num_products=num_products,
             )
-        except CatalogError as e:  # name the file the bad record came from
-            raise CatalogError(f"{items_path}: {e}") from None
+        except CatalogError as e:  # name the file the bad record came from (the readers' errors already do)
+            message = str(e)
+            raise CatalogError(message if message.startswith(str(items_path)) else f"{items_path}: {message}") from None

@@ -4,7 +4,8 @@ As in WebShop, each product is indexed as one document whose text is its title, 
 feature bullet and option values, lower-cased (`Product.search_text`), and a search returns the top
 50 products, shown 10 per page.
 
-The index is built once per catalog and reused: by default under
+The index is built once per catalog, in a child process (its JVM's indexing heap is not kept by the
+env's process), and reused: by default under
 `$AGENTGYM_OPSD_CACHE/webshop/index-<catalog fingerprint>` (`~/.cache/agentgym-opsd` without the
 variable), or in the folder given as `index_dir`. A folder that already holds an index is used as
 it is (so WebShop's own pyserini indexes work too: their document ids are ASINs). Builds go to a
@@ -42,12 +43,29 @@ def _has_index(folder: Path) -> bool:
     return folder.is_dir() and any(folder.glob("segments_*"))
 
 
+class _Documents:
+    """The catalog's index records, made one at a time as the indexer reads them (a list of them all
+    held every product's search text at once: gigabytes for WebShop's 1.18M products); sized for the
+    progress bar."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    def __len__(self) -> int:
+        return len(self.catalog)
+
+    def __iter__(self):
+        return iter(self.catalog.documents())
+
+
 def _build(catalog: Catalog, target: Path, progress: bool) -> None:
-    from retrieval_index.lucene import build_index  # noqa: PLC0415 (starts a JVM: imported when needed)
+    from retrieval_index.lucene import build_index_in_child  # noqa: PLC0415
 
     try:
-        # build_index writes beside `target` and renames into place: never a half-built index.
-        build_index(list(catalog.documents()), target, threads=1, progress=progress)
+        # In a child process: the indexing JVM's heap (it grows with the catalog) goes when it exits
+        # instead of staying in every env process. It writes beside `target` and renames into place:
+        # never a half-built index.
+        build_index_in_child(_Documents(catalog), target, threads=1, progress=progress)
     except FileExistsError:
         if not _has_index(target):  # not a concurrent build that finished first: a real error
             raise

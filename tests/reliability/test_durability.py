@@ -232,6 +232,7 @@ ALLOWED_DIRECT_WRITES = {
     ("environments/alfworld/panel.py", "open("): "the panel's lock file (its content is never read)",
     ("retrieval_index/process.py", "open("): "the child server's log (appended, diagnostic only)",
     ("benchmarks/retrieval_speed.py", "open("): "a scratch corpus in a temporary folder, deleted after the run",
+    ("benchmarks/scale.py", "open("): "generated corpora and catalogs streamed into its --work folder, deleted after each size",
 }
 DIRECT_WRITE = re.compile(
     r"open\([^)]*['\"][wax]b?\+?['\"]|\.write_text\(|\.write_bytes\(|json\.dump\(|torch\.save\((?![^)]*buffer)|savefig\((?![^)]*buffer)|np\.save\(|\.tofile\("

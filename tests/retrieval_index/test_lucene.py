@@ -10,7 +10,16 @@ import pytest
 
 from agentgym_opsd.io import DataFileError
 from retrieval_index.corpus import normalize_record, split_title
-from retrieval_index.lucene import ANSERINI_BATCH_MIN, MAX_QUERY_CHARS, BM25Searcher, Hit, IndexNotFound, build_index, read_index_info
+from retrieval_index.lucene import (
+    ANSERINI_BATCH_MIN,
+    MAX_QUERY_CHARS,
+    BM25Searcher,
+    Hit,
+    IndexNotFound,
+    build_index,
+    build_index_in_child,
+    read_index_info,
+)
 from retrieval_index.testing import wiki_slice_records
 
 
@@ -180,3 +189,22 @@ def test_closed_searcher_refuses(wiki_index: Path) -> None:
     s.close()
     with pytest.raises(RuntimeError, match="closed"):
         s.search("Paris", k=1)
+
+
+def test_an_index_built_in_a_child_process_is_the_same_index(tmp_path: Path, slice_records) -> None:
+    """build_index_in_child streams the records to `python -m retrieval_index.lucene` (so the indexing
+    JVM's heap leaves with the child); the index answers as one built here; errors come back."""
+    records = slice_records[:300]
+    info = build_index_in_child(iter(records), tmp_path / "child", progress=False)
+    assert info.num_docs == 300 and Path(info.index_dir) == tmp_path / "child"
+    build_index(records, tmp_path / "here", progress=False)
+    with BM25Searcher(tmp_path / "child") as child, BM25Searcher(tmp_path / "here") as here:
+        for record in records[::37]:
+            assert child.doc(record["id"]) == record["contents"]
+            query = " ".join(split_title(record["contents"])[1].split()[:6])
+            assert [(h.docid, h.score) for h in child.search(query, 5)] == [(h.docid, h.score) for h in here.search(query, 5)]
+    with pytest.raises(FileExistsError, match="already exists"):
+        build_index_in_child(records, tmp_path / "child", progress=False)
+    with pytest.raises(RuntimeError, match="record 2: needs 'contents'"):
+        build_index_in_child([records[0], {"id": "x"}], tmp_path / "bad", progress=False)
+    assert not (tmp_path / "bad").exists()
