@@ -995,6 +995,14 @@ def main(argv: list[str] | None = None) -> int:
         plan = {family: sorted(set(plan[family]) | set(QUICK[family])) for family in plan}
     if not any(plan.values()) and not args.report:
         parser.error("give sizes (--retrieval/--webshop/--alfworld), --quick, or --report")
+    if args.report and not any(plan.values()) and not results["runs"]:
+        parser.error(f"--report: no figures in {results_path}; measure first (--quick, or sizes) with the same --out")
+    before = None
+    if args.before:
+        try:
+            before = json.loads(Path(args.before).read_text())
+        except (OSError, ValueError) as e:
+            parser.error(f"--before {args.before}: not a results.json of this script ({e})")
     measure = {"retrieval": measure_retrieval, "webshop": measure_webshop, "alfworld": measure_alfworld}
     work = Path(args.work)
     command = "python benchmarks/scale.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -1020,7 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
             figures["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
             results["runs"].setdefault(family, {})[str(n)] = figures
             atomic_write_json(results_path, results)
-    text = write_report(results, out, json.loads(Path(args.before).read_text()) if args.before else None)
+    text = write_report(results, out, before)
     print(text)
     print(f"\n{out / 'scale.md'} and the PNGs beside it; every figure in {results_path} "
           f"({time.perf_counter() - started:.0f} s)")  # fmt: skip

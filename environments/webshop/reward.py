@@ -42,8 +42,9 @@ target, and since r_type steps at title_score 0.1 and 0.2, one noun more or less
 and on every target purchase (`python benchmarks/webshop_expert.py --spacy-model ...`). Reading
 capitalised -ed/-able/-less words as nouns, as the model mostly does, leaves a quarter fewer
 word-level differences on the sample's titles (110 against 146 now, 163 before) but more pair-level
-ones (575 pairs differ: two goal names sit at a threshold), so those stay out. These rules were chosen while reading the disagreements on that sample; no other
-set of real titles was at hand to check them on.
+ones (575 pairs differ: two goal names sit at a threshold), so those stay out. These rules were
+chosen while reading the disagreements on that sample; no other set of real titles was at hand to
+check them on.
 `noun_tagger("spacy")` uses spaCy's model where it is installed (`"spacy:NAME_OR_PATH"` names the
 model package or folder).
 """
