@@ -17,7 +17,8 @@
    updates for the curve). No checkpoint is picked on the panel.
 4. Final held-out success per method with a 95% interval (bootstrap over games, the mean over seeds),
    and the paired difference to GRPO on the same seeds and games with its interval and a sign test
-   on the games where the two differ. Writes OUT/learning.txt, OUT/learning.json and
+   on the games where the two differ. `--jobs` runs (default 2) go at once, each in its own process on
+   one torch thread: the results are the same for any `--jobs`, the wall time is not. Writes OUT/learning.txt, OUT/learning.json and
    OUT/learning.png (held-out success against updates, the first seed's runs).
 
 The default panel is the embedded one with 200 training and 300 valid_seen Pick games in small rooms;
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -73,8 +75,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--bootstrap", type=int, default=2000)
     ap.add_argument("--credit", action="append", default=[], metavar="KEY=VALUE", help="credit setting for every method")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="RL runs at once, each in its own process on one torch thread (default: min(2, CPUs)); "
+                    "results do not depend on it")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
+    return args
+
+
+def rl_run(config_fields: dict, progress: bool) -> float:
+    """One RL run (resumed from its checkpoint when there is one); returns its wall seconds. Runs in a
+    worker process when --jobs > 1 (each run is seeded and single-threaded: the same result either way)."""
+    from trainer.config import TrainConfig
+    from trainer.local import LocalTrainer
+
+    t0 = time.perf_counter()
+    config = TrainConfig(**config_fields)
+    resume = (Path(config.out) / "checkpoint.pt").exists()
+    LocalTrainer(config, resume=resume, progress=progress).run()
+    return time.perf_counter() - t0
 
 
 def twin_free_seeds(env_id: str, train_options: dict, eval_options: dict, n_eval: int) -> tuple[list[int], int]:
@@ -174,25 +195,43 @@ def main(argv=None) -> int:
     sft_seconds = time.perf_counter() - started
     print(f"warm start: held-out success {100 * np.mean(start):.1f}% ({sft_seconds:.0f}s)")
 
-    # 2. one RL run per method and seed from the warm-started model, paired seeds and budget
-    finals: dict[str, list[list[int]]] = {}
-    seconds: dict[str, float] = {}
+    # 2. one RL run per method and seed from the warm-started model, paired seeds and budget; --jobs
+    #    of them at once (each in its own process, one torch thread)
+    todo = {}
     for method in methods:
-        finals[method] = []
-        t0 = time.perf_counter()
         for seed in range(args.seeds):
             run_dir = out / method / f"seed{seed}"
             if not (run_dir / "report.json").exists():
-                config = TrainConfig(
+                todo[(method, seed)] = dict(
                     out=str(run_dir), method=method, model=str(sft_dir / "model"), steps=args.steps, seed=seed,
                     tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr,
                     lr_schedule=args.lr_schedule, mini_batches=args.mini_batches, eval_every=args.eval_every,
                     eval_before=False, credit=parse_options(args.credit), save_every=5, **common,
                 )
-                resume = (run_dir / "checkpoint.pt").exists()
-                LocalTrainer(config, resume=resume, progress=args.progress).run()
-            finals[method].append(final_outcomes(run_dir, args.steps))
-        seconds[method] = time.perf_counter() - t0
+    run_seconds: dict[tuple[str, int], float] = {}
+    if todo and args.jobs == 1:
+        for key, fields in todo.items():
+            run_seconds[key] = rl_run(fields, args.progress)
+    elif todo:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        from tqdm.auto import tqdm
+
+        print(f"{len(todo)} RL runs, {args.jobs} at a time (one line per finished run)")
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(rl_run, fields, False): key for key, fields in todo.items()}
+            with tqdm(total=len(futures), desc="RL runs", unit="run", disable=not args.progress) as bar:
+                for future in as_completed(futures):
+                    key = futures[future]
+                    run_seconds[key] = future.result()
+                    bar.update(1)
+                    bar.write(f"{key[0]} seed {key[1]}: done in {run_seconds[key]:.0f}s")
+    finals: dict[str, list[list[int]]] = {}
+    seconds: dict[str, float] = {}
+    for method in methods:
+        finals[method] = [final_outcomes(out / method / f"seed{seed}", args.steps) for seed in range(args.seeds)]
+        seconds[method] = sum(run_seconds.get((method, seed), 0.0) for seed in range(args.seeds))
         rates = [100 * np.mean(x) for x in finals[method]]
         print(f"{method}: {100 * np.mean(start):.1f}% -> " + ", ".join(f"{r:.1f}%" for r in rates) + f" ({seconds[method]:.0f}s)")
 
@@ -227,7 +266,8 @@ def main(argv=None) -> int:
         lines.append(f"{method:<10} {100 * mean:>8.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} {diff:>9} {diff_ci:>18} "
                      f"{test:>16} {seconds[method]:>7.0f}s")
     lines.append("After RL: the mean over seeds of the final held-out success; intervals: bootstrap over games. vs GRPO: "
-                 "the paired difference (same seeds, same games); sign test over the (seed, game) pairs that differ.")
+                 "the paired difference (same seeds, same games); sign test over the (seed, game) pairs that differ. "
+                 f"RL wall: the sum of the method's runs' wall times in this invocation ({args.jobs} run(s) at once).")
     lines.append(f"warm start {sft_seconds:.0f}s; total wall time {wall:.0f}s ({wall / 60:.1f} min)")
     table = "\n".join(lines)
     print(table)
