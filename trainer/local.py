@@ -46,7 +46,8 @@ from trainer.config import RESUMABLE_CHANGES, TrainConfig, TrainError
 from trainer.loss import clipped_pg_loss, kl_k3, micro_batches
 from trainer.policy import TinyModelSpec, load_policy, parameter_count, token_logprobs
 from trainer.sampling import HFPolicyAgent
-from trainer.warm_start import PerturbedExpert, sft_targets
+from trainer.teacher import block_causal_mask
+from trainer.warm_start import PerturbedExpert, SFTExample, sft_targets
 
 __all__ = ["TrainConfig", "LocalTrainer", "TrainError", "train", "sampling_consistency"]
 
@@ -315,8 +316,9 @@ class LocalTrainer:
         save_episodes(self.out / "episodes" / "sft_expert.jsonl", episodes)
         rows = self.rows(episodes)
         target, detour_turns = sft_targets(rows, episodes, expert.detours)  # the expert's own turns only
-        examples = [(rows.input_ids[r, : int(rows.length[r])], target[r, : int(rows.length[r])]) for r in range(rows.num_rows)]
-        examples = [x for x in examples if bool(x[1].any())]
+        examples = [SFTExample(rows.input_ids[r, : int(rows.length[r])], target[r, : int(rows.length[r])])
+                    for r in range(rows.num_rows)]
+        examples = [x for x in examples if bool(x.target.any())]
         generated_tokens = int(target.sum())
         privileged = self._privileged_examples([e for e in played if not e.error], expert.corrections)
         examples += privileged
@@ -357,24 +359,39 @@ class LocalTrainer:
         return privileged_examples(self.tokenizer, chosen, corrections, hindsight_config=hindsight, skills_config=skills,
                                    max_length=limit, chat_template_kwargs=cfg.chat_template_kwargs, seed=cfg.seed + 13)
 
-    def _sft_epoch(self, examples: list, rng) -> float:
-        """One pass over (ids, target mask) examples in shuffled micro-batches of about
-        `sft_batch_tokens` padded tokens; returns the epoch's token-mean loss."""
+    def _sft_epoch(self, examples: list[SFTExample], rng) -> float:
+        """One pass over the examples in shuffled micro-batches of about `sft_batch_tokens` padded
+        tokens (packed and plain ones in separate batches); returns the epoch's token-mean loss."""
         cfg = self.config
-        lengths = [int(ids.numel()) for ids, _ in examples]
-        batches = micro_batches(lengths, cfg.sft_batch_tokens)
+        lengths = [x.length for x in examples]
+        batches: list[list[SFTExample]] = []
+        for packed in (False, True):
+            idx = [i for i, x in enumerate(examples) if x.packed == packed]
+            batches += [[examples[idx[j]] for j in batch] for batch in micro_batches([lengths[i] for i in idx], cfg.sft_batch_tokens)]
         total, count = 0.0, 0
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        device = self.model.device
         for b in rng.permutation(len(batches)):
-            chosen = [examples[i] for i in batches[b]]
-            width = max(ids.numel() for ids, _ in chosen)
+            chosen = batches[b]
+            width = max(x.length for x in chosen)
             ids = torch.full((len(chosen), width), int(pad), dtype=torch.long)
-            attention = torch.zeros((len(chosen), width), dtype=torch.long)
+            valid = torch.zeros((len(chosen), width), dtype=torch.bool)
             mask = torch.zeros((len(chosen), width), dtype=torch.bool)
-            for j, (x, m) in enumerate(chosen):
-                ids[j, : x.numel()], attention[j, : x.numel()], mask[j, : x.numel()] = x, 1, m
-            device = self.model.device
-            lp = token_logprobs(self.model, ids.to(device), attention.to(device), mask.to(device))
+            for j, x in enumerate(chosen):
+                ids[j, : x.length], valid[j, : x.length], mask[j, : x.length] = x.ids, True, x.target
+            positions = None
+            if chosen[0].packed:  # the teacher's packed layout: a block-causal 4-D mask and position ids
+                positions = torch.zeros((len(chosen), width), dtype=torch.long)
+                segment = torch.full((len(chosen), width), -1, dtype=torch.long)
+                prefix = torch.zeros((len(chosen), width), dtype=torch.long)
+                for j, x in enumerate(chosen):
+                    positions[j, : x.length], segment[j, : x.length], prefix[j, : x.length] = x.positions, x.segment, x.prefix
+                dtype = next(self.model.parameters()).dtype
+                attention = block_causal_mask(segment.to(device), prefix.to(device), valid.to(device), dtype)
+                positions = positions.to(device)
+            else:
+                attention = valid.to(torch.long).to(device)
+            lp = token_logprobs(self.model, ids.to(device), attention, mask.to(device), position_ids=positions)
             n = mask.sum().clamp(min=1)
             loss = -(lp * mask.to(device)).sum() / n.to(device)
             self.optimizer.zero_grad(set_to_none=True)

@@ -294,16 +294,20 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk: int = 4096,
     with_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log pi(x_t | x_<t) at every position where `score_mask` is true; 0 elsewhere.
 
     Args:
         model: a causal LM.
-        input_ids, attention_mask: [R, T] right-padded rows.
+        input_ids, attention_mask: [R, T] right-padded rows; or packed sequences with a 4-D additive
+            mask (`trainer.teacher.block_causal_mask`) and their `position_ids` [R, T], where every
+            scored token is predicted from the token before it in the same segment.
         score_mask: [R, T] bool; position 0 is never scored (it has no prefix).
         temperature: logits are divided by it (as when sampling).
         chunk: positions per output-head call (bounds the [positions, vocab] tensor).
         with_entropy: also return the entropy of pi(. | x_<t) at the scored positions.
+        position_ids: [R, T] (default: 0, 1, ... per row).
 
     Returns:
         float32 [R, T] log-probs (and entropies), differentiable when grad is enabled.
@@ -315,7 +319,7 @@ def token_logprobs(
     decoder = _decoder(model)
     head = model.get_output_embeddings() if decoder is not None else None
     if decoder is not None and head is not None:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
         picked = hidden[rows, cols]
         pieces, entropies = [], []
         for start in range(0, picked.shape[0], chunk):
@@ -327,7 +331,8 @@ def token_logprobs(
         flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
         flat_entropy = torch.cat(entropies) if entropies else hidden.new_zeros(0, dtype=torch.float32)
     else:  # a model without a separable head: full logits
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[rows, cols].float() / temperature
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[rows, cols]
+        logits = logits.float() / temperature
         logp = torch.log_softmax(logits, dim=-1)
         flat = logp.gather(-1, targets[:, None]).squeeze(-1)
         flat_entropy = -(logp.exp() * logp).sum(-1)

@@ -70,6 +70,7 @@ __all__ = [
     "build_teacher_sequences",
     "score_teacher",
     "score_sequences",
+    "block_causal_mask",
     "row_logprobs",
 ]
 
@@ -399,6 +400,23 @@ def build_teacher_sequences(
 # Scoring
 
 
+def block_causal_mask(segment: torch.Tensor, prefix: torch.Tensor, valid: torch.Tensor, dtype) -> torch.Tensor:
+    """The additive [B, 1, S, S] attention mask of packed sequences (`TeacherSequence`'s layout).
+
+    A token attends to the earlier tokens of its own segment, and to the row's tokens (segment 0) at
+    sequence positions < its `prefix`; padding keys (`valid` False) never; every query at least to
+    itself (so padded queries stay finite). segment, prefix, valid: [B, S].
+    """
+    S = segment.shape[1]
+    q = torch.arange(S, device=segment.device)
+    allowed = (segment.unsqueeze(2) == segment.unsqueeze(1)) & (q.view(1, 1, S) <= q.view(1, S, 1))
+    allowed |= (q.view(1, 1, S) < prefix.unsqueeze(2)) & (segment.unsqueeze(1) == 0)
+    allowed &= valid.unsqueeze(1)
+    allowed |= torch.eye(S, dtype=torch.bool, device=segment.device).unsqueeze(0)
+    attention = torch.zeros((segment.shape[0], 1, S, S), dtype=dtype, device=segment.device)
+    return attention.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+
+
 def _attention_implementation(model) -> str:
     return str(getattr(model.config, "_attn_implementation", None) or "eager")
 
@@ -464,16 +482,7 @@ def score_sequences(
             prefix = torch.zeros((B, S), dtype=torch.long)
             for b, s in enumerate(seqs):
                 segment[b, : s.length], prefix[b, : s.length] = s.segment, s.prefix
-            segment, prefix, valid_d = segment.to(device), prefix.to(device), valid.to(device)
-            q = torch.arange(S, device=device)
-            # allowed[b, query, key]: a token attends to earlier tokens of its own segment, and to row
-            # tokens (segment 0) before its prefix; padding keys never; every query at least to itself.
-            allowed = (segment.unsqueeze(2) == segment.unsqueeze(1)) & (q.view(1, 1, S) <= q.view(1, S, 1))
-            allowed |= (q.view(1, 1, S) < prefix.unsqueeze(2)) & (segment.unsqueeze(1) == 0)
-            allowed &= valid_d.unsqueeze(1)
-            allowed |= torch.eye(S, dtype=torch.bool, device=device).unsqueeze(0)
-            attention = torch.zeros((B, 1, S, S), dtype=dtype, device=device)
-            attention.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+            attention = block_causal_mask(segment.to(device), prefix.to(device), valid.to(device), dtype)
         else:
             attention = valid.to(torch.long).to(device)
         inputs = dict(input_ids=ids.to(device), attention_mask=attention, position_ids=positions.to(device))

@@ -11,7 +11,10 @@ text acts as noise that lowers confident tokens (the teacher's evidence then poi
 warm-start episodes, both outcomes included:
 - hindsight (StepOPSD, RLSD): for each turn, the student's prefix up to the action, the hindsight
   block (`final_correctness: correct | incorrect`, the env's reference: the expert plan), then the
-  action the expert takes in that state: the turn's own action, or after a detour its correction;
+  action the expert takes in that state: the turn's own action, or after a detour its correction.
+  An episode's turns go in one packed example (`SFTExample`): the conversation once, then each
+  turn's block and target attending to the conversation before that turn (the teacher's `packed`
+  layout), the same loss as one sequence per turn for far fewer tokens;
 - skills (AgentOPSD): the conversation with the skill note before it, the expert's own turns as
   targets.
 The policy the agent runs never reads privileged text (rollout prompts are never built from it).
@@ -20,13 +23,14 @@ The policy the agent runs never reads privileged text (rollout prompts are never
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from agentgym_opsd.agents import ExpertAgent
 
-__all__ = ["PerturbedExpert", "sft_targets", "privileged_examples", "PRIVILEGED_CONTEXTS"]
+__all__ = ["PerturbedExpert", "SFTExample", "sft_targets", "privileged_examples", "PRIVILEGED_CONTEXTS"]
 
 PRIVILEGED_CONTEXTS = ("both", "hindsight", "skills")
 
@@ -62,6 +66,65 @@ class PerturbedExpert:
         return self.expert.act(messages, info, env)
 
 
+@dataclass
+class SFTExample:
+    """One warm-start sequence and the tokens it imitates.
+
+    ids: [S] token ids. target: [S] bool, the tokens whose cross-entropy counts.
+    Packed examples (the teacher's `packed` layout, `trainer.teacher.TeacherSequence`) also have
+    positions [S] (position ids), segment [S] (0: the conversation; k > 0: the k-th inserted block
+    and target) and prefix [S] (a segment token also attends to conversation tokens at sequence
+    positions < prefix); plain ones leave them None (one causal sequence).
+    """
+
+    ids: torch.Tensor
+    target: torch.Tensor
+    positions: torch.Tensor | None = None
+    segment: torch.Tensor | None = None
+    prefix: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.numel())
+
+    @property
+    def packed(self) -> bool:
+        return self.segment is not None
+
+    def unpacked(self) -> list[SFTExample]:
+        """The plain sequences a packed example stands for: per segment, the conversation before it
+        and the segment (the same targets and log-probs); a plain example is itself."""
+        if not self.packed:
+            return [self]
+        out = []
+        for k in self.segment.unique().tolist():
+            if k == 0:
+                continue
+            where = (self.segment == k).nonzero().squeeze(1)
+            head = self.ids[: int(self.prefix[where[0]])]
+            ids = torch.cat([head, self.ids[where]])
+            target = torch.cat([torch.zeros(head.numel(), dtype=torch.bool), self.target[where]])
+            out.append(SFTExample(ids, target))
+        return out
+
+
+def packed_example(conversation: torch.Tensor, inserts: list[tuple[int, torch.Tensor, torch.Tensor]]) -> SFTExample:
+    """A packed example: `conversation` (a row's ids, no targets) up to the last insertion point,
+    then for each (s, block + target ids, target mask) a segment that reads the conversation before
+    position s and sits at positions s, s + 1, ...."""
+    end = max(s for s, _, _ in inserts)
+    ids, target = [conversation[:end]], [torch.zeros(end, dtype=torch.bool)]
+    positions, segment, prefix = [torch.arange(end)], [torch.zeros(end, dtype=torch.long)], [torch.zeros(end, dtype=torch.long)]
+    for k, (s, seg_ids, seg_target) in enumerate(inserts, start=1):
+        n = seg_ids.numel()
+        ids.append(seg_ids)
+        target.append(seg_target)
+        positions.append(torch.arange(s, s + n))
+        segment.append(torch.full((n,), k, dtype=torch.long))
+        prefix.append(torch.full((n,), s, dtype=torch.long))
+    return SFTExample(torch.cat(ids), torch.cat(target), torch.cat(positions), torch.cat(segment), torch.cat(prefix))
+
+
 def sft_targets(rows, episodes, detours: set[tuple[str, int]]) -> tuple[torch.Tensor, int]:
     """[R, T] bool: the generated tokens of the expert's own turns (detour turns are left out), and
     the number of detour turns in the rows' episodes."""
@@ -86,20 +149,20 @@ def privileged_examples(
     chat_template_kwargs: dict | None = None,
     turns_per_episode: int = 2,
     seed: int = 0,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(ids [S], target mask [S]) examples in the teacher's privileged contexts (module docstring).
+) -> list[SFTExample]:
+    """Warm-start examples in the teacher's privileged contexts (module docstring).
 
     `episodes` are the warm-start episodes to teach them on (both outcomes), `corrections` the
     expert's turn at each detour; `hindsight_config` / `skills_config` the credit configs whose
-    teacher contexts to build (None: not that one). A hindsight example is one sequence per turn, so
-    an episode gives every detour turn (the corrections) and `turns_per_episode` of its other turns,
-    drawn with `seed`.
+    teacher contexts to build (None: not that one). An episode's hindsight example (packed) holds
+    every detour turn (the corrections) and `turns_per_episode` of its other turns, drawn with
+    `seed`; a turn whose conversation, block and target exceed `max_length` is left out.
     """
     from agentgym_opsd.parsing import parse_action
     from trainer.rows import build_rows
     from trainer.teacher import agentopsd_sequences, stepopsd_inserts
 
-    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    out: list[SFTExample] = []
     kwargs = dict(chat_template_kwargs or {})
     if hindsight_config is not None and episodes:
         rows = build_rows(episodes, tokenizer, span_mode=hindsight_config.span_mode, chat_template_kwargs=kwargs)
@@ -112,6 +175,7 @@ def privileged_examples(
             own = [i for i, k in enumerate(turns) if (episode.episode_id, k) not in corrections]
             keep = {i for i, k in enumerate(turns) if (episode.episode_id, k) in corrections}
             keep |= {int(i) for i in draw.permutation(own)[:turns_per_episode]}
+            segments = []
             for i, (s, block, pos) in enumerate(inserts):
                 if i not in keep:
                     continue
@@ -129,11 +193,13 @@ def privileged_examples(
                         target = torch.tensor(ids, dtype=torch.long)
                 if target.numel() == 0:
                     continue
-                ids = torch.cat([rows.input_ids[r, :s], torch.tensor(block, dtype=torch.long), target])
-                mask = torch.zeros(ids.numel(), dtype=torch.bool)
-                mask[-target.numel():] = True
-                if ids.numel() <= max_length:
-                    out.append((ids, mask))
+                seg_ids = torch.cat([torch.tensor(block, dtype=torch.long), target])
+                seg_target = torch.zeros(seg_ids.numel(), dtype=torch.bool)
+                seg_target[-target.numel():] = True
+                if s + seg_ids.numel() <= max_length:
+                    segments.append((s, seg_ids, seg_target))
+            if segments:
+                out.append(packed_example(rows.input_ids[r], segments))
     if skills_config is not None and episodes:
         rows = build_rows(episodes, tokenizer, span_mode="clean_step", chat_template_kwargs=kwargs)
         own, _ = sft_targets(rows, episodes, set(corrections))
@@ -144,5 +210,5 @@ def privileged_examples(
                 continue
             mask = torch.zeros(seq.length, dtype=torch.bool)
             mask[seq.target[keep]] = True
-            out.append((seq.ids, mask))
+            out.append(SFTExample(seq.ids, mask))
     return out

@@ -13,6 +13,8 @@ from test_local_train import config
 from agentgym_opsd import EpisodeRequest, make, run_episodes
 from trainer.env_knowledge import credit_config, skill_text
 from trainer.local import LocalTrainer
+from trainer.policy import token_logprobs
+from trainer.teacher import block_causal_mask
 from trainer.warm_start import PerturbedExpert, privileged_examples
 
 ENV = "example/GuessNumber-v0"
@@ -42,7 +44,9 @@ def test_privileged_examples_hold_the_block_and_the_correction(tmp_path: Path):
     skills = credit_config(ENV, "agentopsd")
     examples = privileged_examples(tok, played, expert.corrections, hindsight_config=hindsight, skills_config=skills,
                                    max_length=100_000)
-    texts = [(tok.decode(ids.tolist()), tok.decode(ids[mask].tolist())) for ids, mask in examples]
+    plain = [one for x in examples for one in x.unpacked()]  # a packed example: one sequence per turn
+    assert any(x.packed for x in examples) and len(plain) > len(examples)
+    texts = [(tok.decode(x.ids.tolist()), tok.decode(x.ids[x.target].tolist())) for x in plain]
     with_block = [(t, target) for t, target in texts if "<hindsight>" in t]
     with_note = [(t, target) for t, target in texts if skill_text(ENV, "guess") in t]
     assert with_block and with_note
@@ -58,8 +62,43 @@ def test_privileged_examples_hold_the_block_and_the_correction(tmp_path: Path):
 
     rows = build_rows(played, tok, span_mode="clean_step")
     own, _ = sft_targets(rows, played, expert.detours)
-    note_masks = sorted(int(mask.sum()) for ids, mask in examples if skill_text(ENV, "guess") in tok.decode(ids.tolist()))
+    note_masks = sorted(int(x.target.sum()) for x in plain if skill_text(ENV, "guess") in tok.decode(x.ids.tolist()))
     assert note_masks == sorted(int(own[r].sum()) for r in range(rows.num_rows) if bool(own[r].any()))
+
+
+def test_a_packed_hindsight_example_has_the_loss_and_gradients_of_one_sequence_per_turn(tmp_path: Path):
+    """An episode's hindsight turns go in one packed example (the conversation once, each turn's block
+    and target reading the conversation before that turn): its summed cross-entropy and its gradients
+    equal those of the separate sequences (prefix + block + target per turn), in float32."""
+    run = LocalTrainer(config(tmp_path / "run", env_id=ENV, steps=0, max_new_tokens=8), progress=False)
+    run.setup()
+    model = run.model.float()
+    expert = PerturbedExpert(0.6, seed=2)
+    played = run_episodes(lambda: make(ENV), expert, [EpisodeRequest(s, episode_id=f"e{s}") for s in range(4)],
+                          progress=False)
+    examples = privileged_examples(run.tokenizer, played, expert.corrections, hindsight_config=credit_config(ENV, "stepopsd"),
+                                   max_length=100_000, turns_per_episode=3)
+    packed = [x for x in examples if x.packed and len(x.unpacked()) >= 2]
+    assert packed, "no episode gave two or more hindsight turns"
+
+    def loss_and_grads(ids, attention, target, positions=None):
+        model.zero_grad(set_to_none=True)
+        loss = -(token_logprobs(model, ids, attention, target, position_ids=positions) * target).sum()
+        loss.backward()
+        return float(loss.detach()), [p.grad.detach().clone() for p in model.parameters()]
+
+    for x in packed[:2]:
+        mask = block_causal_mask(x.segment[None], x.prefix[None], torch.ones(1, x.length, dtype=torch.bool), torch.float32)
+        got, got_grads = loss_and_grads(x.ids[None], mask, x.target[None], x.positions[None])
+        want, want_grads = 0.0, None
+        for one in x.unpacked():
+            value, grads = loss_and_grads(one.ids[None], torch.ones(1, one.length, dtype=torch.long), one.target[None])
+            want += value
+            want_grads = grads if want_grads is None else [a + b for a, b in zip(want_grads, grads, strict=True)]
+        assert got == pytest.approx(want, rel=1e-5)
+        for a, b in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert x.length < sum(one.length for one in x.unpacked())  # the point: fewer tokens
 
 
 @pytest.mark.parametrize("context", ["both", "hindsight"])
