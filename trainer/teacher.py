@@ -475,7 +475,11 @@ def score_sequences(
             attention = torch.zeros((B, 1, S, S), dtype=dtype, device=device)
             attention.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
         else:
-            attention = valid.to(torch.long).to(device)
+            # Plain sequences are right-padded: under the causal mask no real token sees a pad, so no
+            # padding mask is needed, and without one the attention kernel skips the masked half. The
+            # pads continue the positions (a position reset would read as a second packed sequence).
+            attention = None
+            positions = torch.arange(S).expand(B, S)
         inputs = dict(input_ids=ids.to(device), attention_mask=attention, position_ids=positions.to(device))
         if decoder is not None:
             hidden = decoder(**inputs, use_cache=False).last_hidden_state
@@ -551,7 +555,8 @@ def score_inserts_with_prefix_cache(
             ids[b, : prefix_len[r]] = rows.input_ids[r, : prefix_len[r]]
             valid[b, : prefix_len[r]] = 1
         runner = decoder if decoder is not None else model
-        out = runner(input_ids=ids.to(device), attention_mask=valid.to(device), use_cache=True)
+        # Right-padded and causal: the pads' keys sit after every insertion point, so no mask is needed.
+        out = runner(input_ids=ids.to(device), attention_mask=None, use_cache=True)
         counters["forwards"] += 1
         counters["tokens"] += int(valid.sum())
         layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
