@@ -204,6 +204,11 @@ def _row_first_messages(episode: Episode, rows: TokenRows, r: int) -> list[dict[
     return episode_messages(episode, k, rows.contexts[int(rows.row_episode[r])])
 
 
+def _note_key(episode: Episode) -> tuple[str, str | None]:
+    """Which skill note an episode's AgentOPSD teacher prompt starts with (`skill_text`'s arguments)."""
+    return (episode.env_id, episode.task_type)
+
+
 def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters):
     kwargs = rows.meta.get("chat_template_kwargs", {})
     seqs = []
@@ -213,7 +218,7 @@ def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
             continue
         episode = episodes[int(rows.row_episode[r])]
         L, P = int(rows.length[r]), int(rows.prompt_len[r])
-        key = (episode.env_id, episode.task_type)
+        key = _note_key(episode)
         if key not in skill_cache:
             skill_cache[key] = skill_text(episode.env_id, episode.task_type, config.skills_dir)
         messages = _row_first_messages(episode, rows, r)
@@ -510,6 +515,53 @@ def _max_length(model, config: CreditConfig, max_length: int | None) -> int:
 STRATEGIES = ("prefix", "packed", "per-turn")
 
 
+def _cache_over(model, kv: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A DynamicCache holding `kv` ([B, kv heads, C, head dim] per layer) as given: views (an
+    expanded note, a slice of a prefix) are not copied here; the forward's own concatenation with
+    the new keys is the one copy."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    if len(cache.layers) != len(kv) or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return DynamicCache(ddp_cache_data=kv, config=model.config)  # e.g. sliding-window layers: their own update
+    for layer, (k, v) in zip(cache.layers, kv, strict=True):
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+    return cache
+
+
+def _forward_after_cache(model, decoder, kv, ids, positions, allowed: torch.Tensor) -> torch.Tensor:
+    """Hidden states (or logits when the head cannot be split off) of `ids` [B, S] at `positions`,
+    attending to the cached keys `kv` (length C) and to themselves where `allowed` [B or 1, S, C + S]
+    says so. Eager and SDPA attention get the mask as one additive 4-D float tensor, built once for
+    every layer (a boolean mask is converted in each layer); other implementations get the key
+    padding mask (`allowed`'s last query row), with causality inside the segment their own."""
+    device = ids.device
+    dtype = next(model.parameters()).dtype
+    if _attention_implementation(model) in ("eager", "sdpa"):
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
+        mask = mask.unsqueeze(1)
+    else:
+        mask = allowed[:, -1].expand(ids.shape[0], -1).to(device=device, dtype=torch.long)
+    inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=_cache_over(model, kv),
+                  use_cache=True)
+    if decoder is not None:
+        return decoder(**inputs).last_hidden_state
+    return model(**inputs).logits
+
+
+def _target_logprobs(head, states: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int = 4096) -> torch.Tensor:
+    """log p(targets) from hidden states ([M, hidden], through `head`) or logits (`head` None): [M] float32 on CPU."""
+    out = torch.empty(targets.numel(), dtype=torch.float32)
+    for c in range(0, targets.numel(), chunk):
+        logits = head(states[c : c + chunk]) if head is not None else states[c : c + chunk]
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        out[c : c + chunk] = logp.gather(1, targets[c : c + chunk, None].to(logp.device)).squeeze(1).cpu()
+    return out
+
+
 @torch.no_grad()
 def score_inserts_with_prefix_cache(
     model,
@@ -523,18 +575,19 @@ def score_inserts_with_prefix_cache(
     """StepOPSD's teacher with each row's prefix computed once.
 
     For a micro-batch of rows, the teacher runs the rows' prefixes (up to their last insertion
-    point) once, keeping keys and values. Then, per row, the segments of all its turns (block + span)
-    run as one batch on that cache: segment k sees the prefix keys at positions < s_k (a 2-D mask
-    over the cache) and itself causally, with position ids continuing from s_k. That is the same
-    computation as the sequence prefix + block + span, with the prefix run once instead of once per
-    turn, and without a packed sequence's quadratic mask.
+    point) once, right-padded and causal, keeping keys and values. Then the segments (hindsight block +
+    span) of all the micro-batch's turns, sorted by insertion point s_k, run in batches on those
+    caches: segment k sees its row's prefix keys at positions < s_k and itself causally, with
+    position ids continuing from s_k; a batch attends to the prefix keys up to its largest s_k only.
+    That is the same computation as the sequence prefix + block + span, with the prefix run once
+    instead of once per turn. The log-probs come from one output-head call per batch.
 
     Returns (logprobs [R, T], scored [R, T], counters: forwards, tokens).
     """
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
     decoder, head = _model_io(model)
+    runner = decoder if decoder is not None else model
+    pad = int(rows.pad_token_id)
     logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
     scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
     counters = {"forwards": 0, "tokens": 0, "sequences": 0}
@@ -549,55 +602,147 @@ def score_inserts_with_prefix_cache(
     label = progress if isinstance(progress, str) else "teacher"
     for batch in tqdm(batches, desc=label, unit="batch", disable=not progress, leave=False):
         P = max(prefix_len[r] for r in batch)
-        ids = torch.full((len(batch), P), int(rows.pad_token_id), dtype=torch.long)
-        valid = torch.zeros((len(batch), P), dtype=torch.long)
+        ids = torch.full((len(batch), P), pad, dtype=torch.long)
         for b, r in enumerate(batch):
             ids[b, : prefix_len[r]] = rows.input_ids[r, : prefix_len[r]]
-            valid[b, : prefix_len[r]] = 1
-        runner = decoder if decoder is not None else model
-        # Right-padded and causal: the pads' keys sit after every insertion point, so no mask is needed.
-        out = runner(input_ids=ids.to(device), attention_mask=None, use_cache=True)
+        # Right-padded and causal: a pad's key sits after every insertion point of its row, and no
+        # real token attends to it, so no mask is needed (and SDPA runs its causal kernel).
+        out = runner(input_ids=ids.to(device), use_cache=True)
         counters["forwards"] += 1
-        counters["tokens"] += int(valid.sum())
+        counters["tokens"] += sum(prefix_len[r] for r in batch)
         layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        for b, r in enumerate(batch):
-            segments = inserts[r]
-            n, Pr = len(segments), prefix_len[r]
-            S = max(len(block) + int(pos[-1]) - s + 1 for s, block, pos in segments)
-            seg_ids = torch.full((n, S), int(rows.pad_token_id), dtype=torch.long)
-            mask = torch.zeros((n, Pr + S), dtype=torch.long)
-            positions = torch.zeros((n, S), dtype=torch.long)
-            for j, (s, block, pos) in enumerate(segments):
+        del out
+        # Every segment of the batch's rows: (s, batch index, row, block, span positions), by block length
+        # (the peer trajectory makes some blocks much longer) and then by s, both descending.
+        segments = sorted(((s, b, r, block, pos) for b, r in enumerate(batch) for s, block, pos in inserts[r]),
+                          key=lambda x: (-len(x[3]), -x[0]))
+        lengths = [len(block) + int(pos[-1]) - s + 1 for s, _, _, block, pos in segments]
+        groups: list[list[int]] = []  # segments whose padded size (largest s + longest segment) fits the budget
+        for j in range(len(segments)):
+            if groups:
+                g = groups[-1]
+                width = max(segments[i][0] for i in g + [j]) + max(lengths[i] for i in g + [j])
+                if (len(g) + 1) * width <= micro_batch_tokens:
+                    g.append(j)
+                    continue
+            groups.append([j])
+        for g in groups:
+            n, C, S = len(g), max(segments[j][0] for j in g), max(lengths[j] for j in g)
+            seg_ids = torch.full((n, S), pad, dtype=torch.long)
+            positions = torch.empty((n, S), dtype=torch.long)
+            allowed = torch.zeros((n, S, C + S), dtype=torch.bool)
+            causal = torch.ones((S, S), dtype=torch.bool).tril_()
+            where = torch.tensor([segments[j][1] for j in g])
+            predict, targets = [], []
+            for i, j in enumerate(g):
+                s, _, r, block, pos = segments[j]
                 e = int(pos[-1])
-                copy = torch.cat([torch.tensor(block, dtype=torch.long), rows.input_ids[r, s : e + 1]])
-                m = copy.numel()
-                seg_ids[j, :m] = copy
-                mask[j, :s] = 1                     # the row's prefix before this turn's span
-                mask[j, Pr : Pr + m] = 1            # the segment itself (causally)
-                positions[j] = torch.arange(s, s + S)
-            cache = DynamicCache(
-                ddp_cache_data=[(k[b : b + 1, :, :Pr].expand(n, -1, -1, -1).contiguous(),
-                                 v[b : b + 1, :, :Pr].expand(n, -1, -1, -1).contiguous()) for k, v in layers],
-                config=model.config,
-            )
-            inputs = dict(input_ids=seg_ids.to(device), attention_mask=mask.to(device),
-                          position_ids=positions.to(device), past_key_values=cache, use_cache=True)
-            if decoder is not None:
-                hidden = decoder(**inputs).last_hidden_state
-            else:
-                hidden = None
-                logits_all = model(**inputs).logits
+                seg_ids[i, : lengths[j]] = torch.cat([torch.tensor(block, dtype=torch.long), rows.input_ids[r, s : e + 1]])
+                positions[i] = torch.arange(s, s + S)
+                allowed[i, :, :s] = True            # the row's prefix before this turn's span
+                allowed[i, :, C:] = causal          # the segment itself, causally (pads see only earlier tokens)
+                predict.append(i * S + len(block) + (pos - s) - 1)  # flat index of the state predicting span position p
+                targets.append(rows.input_ids[r, pos])
+            kv = [(k[:, :, :C].index_select(0, where.to(k.device)), v[:, :, :C].index_select(0, where.to(v.device)))
+                  for k, v in layers]
+            states = _forward_after_cache(model, decoder, kv, seg_ids.to(device), positions.to(device), allowed)
             counters["forwards"] += 1
             counters["sequences"] += n
-            counters["tokens"] += int(mask[:, Pr:].sum())
-            for j, (s, block, pos) in enumerate(segments):
-                predict = (len(block) + (pos - s) - 1).to(device)  # segment position that predicts span position p
-                targets = rows.input_ids[r, pos].to(device)
-                logits = head(hidden[j, predict]) if hidden is not None else logits_all[j, predict]
-                lp = torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, targets[:, None]).squeeze(1)
-                logprobs[r, pos] = lp.cpu()
+            counters["tokens"] += sum(lengths[j] for j in g)
+            lp = _target_logprobs(head, states.reshape(n * S, -1)[torch.cat(predict).to(device)], torch.cat(targets),
+                                  temperature)
+            at = 0
+            for j in g:
+                _, _, r, _, pos = segments[j]
+                logprobs[r, pos] = lp[at : at + pos.numel()]
                 scored[r, pos] = True
+                at += pos.numel()
     return logprobs, scored, counters
+
+
+@torch.no_grad()
+def score_sequences_with_shared_prefix(
+    model,
+    sequences: Sequence[TeacherSequence],
+    keys: Sequence[Any],
+    *,
+    pad_token_id: int = 0,
+    micro_batch_tokens: int = 16384,
+    temperature: float = 1.0,
+    progress: bool | str = False,
+) -> tuple[list[torch.Tensor], dict[str, int]]:
+    """Plain (causal, unpacked) sequences scored with their common prefix run once.
+
+    Sequences with the same key (AgentOPSD: the skill note they start with) are one group; the
+    group's shared prefix is the longest common prefix of their token ids, cut back so that every
+    sequence keeps its first scored prediction and at least one token after it. That prefix runs
+    once; its keys and values are expanded over each micro-batch of the group's sequences, whose
+    remaining tokens run with positions continuing after it. The same log-probs as `score_sequences`
+    (the sequences one by one) up to float rounding.
+
+    Returns (log-probs [M] per sequence, counters: forwards, tokens, sequences).
+    """
+    device = next(model.parameters()).device
+    decoder, head = _model_io(model)
+    runner = decoder if decoder is not None else model
+    out: list[torch.Tensor] = [torch.zeros(0) for _ in sequences]
+    counters = {"forwards": 0, "tokens": 0, "sequences": len(sequences)}
+    groups: dict[Any, list[int]] = {}
+    for j, (seq, key) in enumerate(zip(sequences, keys, strict=True)):
+        if seq.packed or not torch.equal(seq.positions, torch.arange(seq.length)):
+            raise ValueError("score_sequences_with_shared_prefix takes plain causal sequences")
+        if seq.predict.numel():  # nothing to score: no forward
+            groups.setdefault(key, []).append(j)
+    label = progress if isinstance(progress, str) else "teacher"
+    for members in tqdm(list(groups.values()), desc=label, unit="prefix", disable=not progress, leave=False):
+        first = sequences[members[0]].ids
+        C = min(min(int(sequences[j].predict.min()) for j in members), first.numel())
+        for j in members[1:]:
+            other = sequences[j].ids[:C]
+            differ = (first[: other.numel()] != other).nonzero()
+            C = min(C, other.numel(), int(differ[0]) if differ.numel() else C)
+        if C > 0:
+            prefix = runner(input_ids=first[:C].unsqueeze(0).to(device), use_cache=True)
+            layers = [(layer.keys, layer.values) for layer in prefix.past_key_values.layers]
+            del prefix
+            counters["forwards"] += 1
+            counters["tokens"] += C
+        order = sorted(members, key=lambda j: -sequences[j].length)
+        batches: list[list[int]] = []
+        for j in order:
+            if batches and (len(batches[-1]) + 1) * sequences[batches[-1][0]].length <= micro_batch_tokens:
+                batches[-1].append(j)
+            else:
+                batches.append([j])
+        for batch in batches:
+            n, S = len(batch), sequences[batch[0]].length - C
+            ids = torch.full((n, S), int(pad_token_id), dtype=torch.long)
+            predict, targets = [], []
+            for i, j in enumerate(batch):
+                seq = sequences[j]
+                ids[i, : seq.length - C] = seq.ids[C:]
+                predict.append(i * S + seq.predict - C)
+                targets.append(seq.ids[seq.target])
+            positions = torch.arange(C, C + S).expand(n, S)
+            if C > 0:
+                # Every suffix sees the whole shared prefix and itself causally (right padding: no
+                # real token sees a pad); the prefix's keys are one copy expanded over the batch.
+                allowed = torch.cat([torch.ones((S, C), dtype=torch.bool), torch.ones((S, S), dtype=torch.bool).tril_()], 1)
+                kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in layers]
+                states = _forward_after_cache(model, decoder, kv, ids.to(device), positions.to(device), allowed.unsqueeze(0))
+            else:
+                inputs = dict(input_ids=ids.to(device), position_ids=positions.to(device), use_cache=False)
+                states = decoder(**inputs).last_hidden_state if decoder is not None else model(**inputs).logits
+            counters["forwards"] += 1
+            counters["tokens"] += sum(sequences[j].length - C for j in batch)
+            lp = _target_logprobs(head, states.reshape(n * S, -1)[torch.cat(predict).to(device)], torch.cat(targets),
+                                  temperature)
+            at = 0
+            for j in batch:
+                m = sequences[j].predict.numel()
+                out[j] = lp[at : at + m]
+                at += m
+    return out, counters
 
 
 def score_teacher(
@@ -656,16 +801,24 @@ def score_teacher(
             sequences, counters = build_teacher_sequences(
                 tokenizer, episodes, rows, config, max_length=limit, packing=strategy == "packed"
             )
-            scores, forwards = score_sequences(
-                model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
-                temperature=temperature, progress=progress,
-            )
+            if config.method == "agentopsd" and strategy == "prefix":
+                # The skill note (and whatever else the rows' teacher prompts share) runs once per note.
+                keys = [_note_key(episodes[int(rows.row_episode[seq.row])]) for seq in sequences]
+                scores, cost = score_sequences_with_shared_prefix(
+                    model, sequences, keys, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
+                    temperature=temperature, progress=progress,
+                )
+            else:
+                scores, forwards = score_sequences(
+                    model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
+                    temperature=temperature, progress=progress,
+                )
+                cost = {"forwards": forwards, "sequences": len(sequences), "tokens": sum(s.length for s in sequences)}
             logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
             scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
             for seq, lp in zip(sequences, scores, strict=True):
                 logprobs[seq.row, seq.row_pos] = lp
                 scored[seq.row, seq.row_pos] = True
-            cost = {"forwards": forwards, "sequences": len(sequences), "tokens": sum(s.length for s in sequences)}
     finally:
         model.train(was_training)
     result = TeacherScores(
