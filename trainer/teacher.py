@@ -533,7 +533,8 @@ def _cache_over(model, kv: list[tuple[torch.Tensor, torch.Tensor]]):
 
 def _forward_after_cache(model, decoder, kv, ids, positions, allowed: torch.Tensor) -> torch.Tensor:
     """Hidden states (or logits when the head cannot be split off) of `ids` [B, S] at `positions`,
-    attending to the cached keys `kv` (length C) and to themselves where `allowed` [B or 1, S, C + S]
+    attending to the cached keys `kv` (length C; a list of (keys, values) per layer, or a cache, which
+    the forward extends) and to themselves where `allowed` [B or 1, S, C + S]
     says so. Eager and SDPA attention get the mask as one additive 4-D float tensor, built once for
     every layer (a boolean mask is converted in each layer); other implementations get the key
     padding mask (`allowed`'s last query row), with causality inside the segment their own."""
@@ -545,8 +546,8 @@ def _forward_after_cache(model, decoder, kv, ids, positions, allowed: torch.Tens
         mask = mask.unsqueeze(1)
     else:
         mask = allowed[:, -1].expand(ids.shape[0], -1).to(device=device, dtype=torch.long)
-    inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=_cache_over(model, kv),
-                  use_cache=True)
+    cache = kv if not isinstance(kv, list) else _cache_over(model, kv)
+    inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
     if decoder is not None:
         return decoder(**inputs).last_hidden_state
     return model(**inputs).logits
@@ -599,19 +600,46 @@ def score_inserts_with_prefix_cache(
             batches[-1].append(r)
         else:
             batches.append([r])
+    # The rows' common token prefix (the system prompt, ...), up to the first insertion point of any
+    # row, runs once; every row's prefix continues from its keys and values.
+    shared = 0
+    if inserts:
+        first = rows.input_ids[order[0]]
+        shared = min(min(s for s, _, _ in ins) for ins in inserts.values())
+        for r in order[1:]:
+            differ = (rows.input_ids[r, :shared] != first[:shared]).nonzero()
+            shared = int(differ[0]) if differ.numel() else shared
+    shared_kv = None
+    if shared > 1:
+        out = runner(input_ids=first[:shared].unsqueeze(0).to(device), use_cache=True)
+        shared_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        counters["forwards"] += 1
+        counters["tokens"] += shared
+        del out
+    else:
+        shared = 0
     label = progress if isinstance(progress, str) else "teacher"
     for batch in tqdm(batches, desc=label, unit="batch", disable=not progress, leave=False):
         P = max(prefix_len[r] for r in batch)
-        ids = torch.full((len(batch), P), pad, dtype=torch.long)
+        ids = torch.full((len(batch), P - shared), pad, dtype=torch.long)
         for b, r in enumerate(batch):
-            ids[b, : prefix_len[r]] = rows.input_ids[r, : prefix_len[r]]
+            ids[b, : prefix_len[r] - shared] = rows.input_ids[r, shared : prefix_len[r]]
         # Right-padded and causal: a pad's key sits after every insertion point of its row, and no
-        # real token attends to it, so no mask is needed (and SDPA runs its causal kernel).
-        out = runner(input_ids=ids.to(device), use_cache=True)
+        # real token attends to it, so no padding mask is needed (without any mask SDPA runs its
+        # causal kernel).
+        if shared_kv is None:
+            out = runner(input_ids=ids.to(device), use_cache=True)
+            layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        else:
+            n, S = ids.shape
+            allowed = torch.cat([torch.ones((S, shared), dtype=torch.bool), torch.ones((S, S), dtype=torch.bool).tril_()], 1)
+            kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in shared_kv]
+            cache = _cache_over(model, kv)
+            _forward_after_cache(model, decoder, cache, ids.to(device), torch.arange(shared, P).expand(n, S).to(device),
+                                 allowed.unsqueeze(0))
+            layers = [(layer.keys, layer.values) for layer in cache.layers]  # [n, kv heads, P, head dim]
         counters["forwards"] += 1
-        counters["tokens"] += sum(prefix_len[r] for r in batch)
-        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        del out
+        counters["tokens"] += sum(prefix_len[r] - shared for r in batch)
         # Every segment of the batch's rows: (s, batch index, row, block, span positions), by block length
         # (the peer trajectory makes some blocks much longer) and then by s, both descending.
         segments = sorted(((s, b, r, block, pos) for b, r in enumerate(batch) for s, block, pos in inserts[r]),
