@@ -534,7 +534,13 @@ def _cache_over(model, kv: list[tuple[torch.Tensor, torch.Tensor]]):
 def _sdpa_with_grouped_heads(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """SDPA with the key/value heads shared by query groups in the kernel (`enable_gqa`), also under a
     mask: transformers' SDPA repeats the key and value heads in memory whenever a mask is given (on
-    CUDA the grouped kernel would fall back to the math one; on the CPU it is a quarter faster)."""
+    CUDA the grouped kernel would fall back to the math one; on the CPU it is a quarter faster).
+
+    `keys_only_layer`: a forward that is run only for its key/value cache (a prefix, whose outputs
+    nobody reads) skips that layer's attention (the last layer's; its keys and values are cached
+    before attention is computed) and returns zeros there."""
+    if kwargs.get("keys_only_layer") == getattr(module, "layer_idx", None):
+        return query.new_zeros(query.shape).transpose(1, 2), None
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
         enable_gqa=key.shape[1] != query.shape[1],
@@ -545,12 +551,16 @@ def _sdpa_with_grouped_heads(module, query, key, value, attention_mask, dropout=
 _GROUPED_SDPA = "agentgym_opsd_sdpa_gqa"
 
 
+def _grouped_sdpa(model) -> bool:
+    return _attention_implementation(model) == "sdpa" and next(model.parameters()).device.type == "cpu"
+
+
 def _masked_attention(model):
     """The attention implementation for forwards with an additive 4-D mask: SDPA with grouped heads
     on the CPU when the model uses SDPA, else the model's own."""
     from contextlib import nullcontext
 
-    if _attention_implementation(model) != "sdpa" or next(model.parameters()).device.type != "cpu":
+    if not _grouped_sdpa(model):
         return nullcontext()
     from transformers import AttentionInterface
 
@@ -572,19 +582,22 @@ class _attention_implementation_set_to:
         self.config._attn_implementation = self.saved
 
 
-def _forward_after_cache(model, decoder, kv, ids, positions, bias: torch.Tensor) -> torch.Tensor:
+def _forward_after_cache(model, decoder, kv, ids, positions, bias: torch.Tensor, *, keys_only: bool = False) -> torch.Tensor:
     """Hidden states (or logits when the head cannot be split off) of `ids` [B, S] at `positions`,
     attending to the cached keys `kv` (length C; a list of (keys, values) per layer, or a cache, which
     the forward extends) and to themselves where the additive mask `bias` [B or 1, S, C + S] (0 or the
     dtype's minimum) allows. Eager and SDPA attention get `bias` as is, one 4-D tensor for every layer
     (a boolean mask would be converted in each layer); other implementations get the key padding mask
-    (`bias`'s last query row), with causality inside the segment their own."""
+    (`bias`'s last query row), with causality inside the segment their own. `keys_only`: the call is
+    for the cache only (its outputs are garbage), so the last layer's attention may be skipped."""
     if _attention_implementation(model) in ("eager", "sdpa"):
         mask = bias.unsqueeze(1).to(ids.device)
     else:
         mask = (bias[:, -1] == 0).expand(ids.shape[0], -1).to(device=ids.device, dtype=torch.long)
     cache = kv if not isinstance(kv, list) else _cache_over(model, kv)
     inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    if keys_only and _grouped_sdpa(model):
+        inputs["keys_only_layer"] = len(cache.layers) - 1
     with _masked_attention(model):
         if decoder is not None:
             return decoder(**inputs).last_hidden_state
@@ -680,7 +693,7 @@ def score_inserts_with_prefix_cache(
             kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in shared_kv]
             cache = _cache_over(model, kv)
             _forward_after_cache(model, decoder, cache, ids.to(device), torch.arange(shared, P).expand(n, S).to(device),
-                                 _prefix_then_causal(S, shared, dtype))
+                                 _prefix_then_causal(S, shared, dtype), keys_only=True)
             layers = [(layer.keys, layer.values) for layer in cache.layers]  # [n, kv heads, P, head dim]
         counters["forwards"] += 1
         counters["tokens"] += sum(prefix_len[r] - shared for r in batch)
