@@ -25,13 +25,18 @@ The rest of the row (every response, observation and template token) is unchange
 per row scores every turn. Skill notes: `trainer.env_knowledge.skill_text` (the env family's own).
 
 Cost (N = rows, T = row length, P = privileged prefix tokens, K = turns per row, H = hindsight block
-tokens, L_k = span tokens of turn k, s_k = its start):
-    AgentOPSD: one forward per row of T + P tokens: N forwards, sum (T + P) tokens.
-    StepOPSD, `prefix` (the default): the row's prefix up to its last insertion point runs once
-        with a key/value cache; then all the row's turns run as one batch of segments (hindsight
-        block + span), segment k reading the cached keys at positions < s_k and itself causally, with
-        positions continuing from s_k. T + sum_k (H + L_k) tokens through the MLPs, and each segment
-        token attends to at most s_k + H + L_k keys.
+tokens, L_k = span tokens of turn k, s_k = its start, Q = the rows' common token prefix):
+    AgentOPSD, `prefix` (the default): the rows that start with the same skill note share the longest
+        common prefix of their teacher sequences (the note, the chat template, the shared system
+        prompt: P + Q tokens); it runs once per note and its keys and values are expanded over the
+        rows, which run only their own tokens: P + Q + sum (T - Q) tokens.
+    AgentOPSD, `per-turn` / `packed`: one sequence per row: sum (T + P) tokens.
+    StepOPSD, `prefix` (the default): the rows' common prefix runs once, then each row's prefix up
+        to its last insertion point continues from it with a key/value cache; then the segments
+        (hindsight block + span) of every turn of a micro-batch of rows run in batches (grouped by
+        block length and s_k), segment k reading its row's cached keys at positions < s_k and itself
+        causally, with positions continuing from s_k. Q + sum (T - Q) + sum_k (H + L_k) tokens through
+        the MLPs, and each segment token attends to at most max s_k (of its batch) + H + L_k keys.
     StepOPSD, `packed`: the same tokens in ONE sequence per row (prefix, then the segments) with a
         block-causal 4-D mask: the same tokens, but attention over the whole packed length.
     StepOPSD, `per-turn`: one sequence per (row, turn): sum_k (s_k + H + L_k) ~ K T / 2 tokens; what
@@ -422,6 +427,17 @@ def _model_io(model):
     return decoder, head
 
 
+def _length_batches(items, length, budget: int) -> list[list]:
+    """`items` longest first, in batches of at most `budget` padded tokens (count x the first's length)."""
+    batches: list[list] = []
+    for item in sorted(items, key=lambda x: -length(x)):
+        if batches and (len(batches[-1]) + 1) * length(batches[-1][0]) <= budget:
+            batches[-1].append(item)
+        else:
+            batches.append([item])
+    return batches
+
+
 @torch.no_grad()
 def score_sequences(
     model,
@@ -446,14 +462,8 @@ def score_sequences(
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     decoder, head = _model_io(model)
-    order = sorted(range(len(sequences)), key=lambda j: -sequences[j].length)
     out: list[torch.Tensor | None] = [None] * len(sequences)
-    batches: list[list[int]] = []
-    for j in order:
-        if batches and (len(batches[-1]) + 1) * sequences[batches[-1][0]].length <= micro_batch_tokens:
-            batches[-1].append(j)
-        else:
-            batches.append([j])
+    batches = _length_batches(range(len(sequences)), lambda j: sequences[j].length, micro_batch_tokens)
     forwards = 0
     label = progress if isinstance(progress, str) else "teacher"
     for batch in tqdm(batches, desc=label, unit="batch", disable=not progress, leave=False):
@@ -651,13 +661,9 @@ def score_inserts_with_prefix_cache(
     scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
     counters = {"forwards": 0, "tokens": 0, "sequences": 0}
     prefix_len = {r: max(s for s, _, _ in ins) for r, ins in inserts.items()}
-    order = sorted(inserts, key=lambda r: -prefix_len[r])
-    batches: list[list[int]] = []
-    for r in order:  # rows of similar prefix length together, within the token budget
-        if batches and (len(batches[-1]) + 1) * prefix_len[batches[-1][0]] <= micro_batch_tokens:
-            batches[-1].append(r)
-        else:
-            batches.append([r])
+    # rows of similar prefix length together, within the token budget
+    batches = _length_batches(inserts, lambda r: prefix_len[r], micro_batch_tokens)
+    order = [r for batch in batches for r in batch]
     # The rows' common token prefix (the system prompt, ...), up to the first insertion point of any
     # row, runs once; every row's prefix continues from its keys and values.
     shared = 0
@@ -792,14 +798,7 @@ def score_sequences_with_shared_prefix(
             del prefix
             counters["forwards"] += 1
             counters["tokens"] += C
-        order = sorted(members, key=lambda j: -sequences[j].length)
-        batches: list[list[int]] = []
-        for j in order:
-            if batches and (len(batches[-1]) + 1) * sequences[batches[-1][0]].length <= micro_batch_tokens:
-                batches[-1].append(j)
-            else:
-                batches.append([j])
-        for batch in batches:
+        for batch in _length_batches(members, lambda j: sequences[j].length, micro_batch_tokens):
             n, S = len(batch), sequences[batch[0]].length - C
             ids = torch.full((n, S), int(pad_token_id), dtype=torch.long)
             predict, targets = [], []
@@ -856,8 +855,9 @@ def score_teacher(
         strategy: StepOPSD and RLSD only, how a row's turns are scored (the same log-probs each way):
             `prefix` (the row's prefix once, its keys and values reused by every turn's block and
             span), `packed` (the row's turns in one sequence with a block-causal 4-D mask), `per-turn`
-            (one sequence per turn); `auto` is `prefix`. AgentOPSD's teacher is one sequence per row
-            whatever the strategy (the skill note goes before the whole conversation).
+            (one sequence per turn); `auto` is `prefix`. AgentOPSD: `prefix` runs the rows' shared
+            teacher prefix (the skill note, ...) once per note and then each row's own tokens; the
+            others run one sequence per row (the skill note goes before the whole conversation).
         micro_batch_tokens: padded tokens per forward.
         temperature: the rollout's sampling temperature (the student's log-probs use it too).
 
