@@ -546,11 +546,20 @@ def _sdpa_with_grouped_heads(module, query, key, value, attention_mask, dropout=
     mask: transformers' SDPA repeats the key and value heads in memory whenever a mask is given (on
     CUDA the grouped kernel would fall back to the math one; on the CPU it is a quarter faster).
 
-    `keys_only_layer`: a forward that is run only for its key/value cache (a prefix, whose outputs
-    nobody reads) skips that layer's attention (the last layer's; its keys and values are cached
-    before attention is computed) and returns zeros there."""
-    if kwargs.get("keys_only_layer") == getattr(module, "layer_idx", None):
-        return query.new_zeros(query.shape).transpose(1, 2), None
+    `read_queries` = (layer, a, b): in that layer (the last), only the outputs of queries a..b-1 are
+    read afterwards (the positions whose hidden states give the log-probs; none for a forward run only
+    for its key/value cache), so only those queries attend and the others get zeros. Keys and values
+    are cached before attention, so the cache is whole either way."""
+    read = kwargs.get("read_queries")
+    if read is not None and read[0] == getattr(module, "layer_idx", None):
+        _, a, b = read
+        out = query.new_zeros(query.shape)
+        if b > a:
+            out[:, :, a:b] = torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, a:b], key, value, attn_mask=None if attention_mask is None else attention_mask[:, :, a:b],
+                dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != query.shape[1],
+            )
+        return out.transpose(1, 2).contiguous(), None
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
         enable_gqa=key.shape[1] != query.shape[1],
@@ -592,22 +601,24 @@ class _attention_implementation_set_to:
         self.config._attn_implementation = self.saved
 
 
-def _forward_after_cache(model, decoder, kv, ids, positions, bias: torch.Tensor, *, keys_only: bool = False) -> torch.Tensor:
+def _forward_after_cache(model, decoder, kv, ids, positions, bias: torch.Tensor, *,
+                         read: tuple[int, int] | None = None) -> torch.Tensor:
     """Hidden states (or logits when the head cannot be split off) of `ids` [B, S] at `positions`,
     attending to the cached keys `kv` (length C; a list of (keys, values) per layer, or a cache, which
     the forward extends) and to themselves where the additive mask `bias` [B or 1, S, C + S] (0 or the
     dtype's minimum) allows. Eager and SDPA attention get `bias` as is, one 4-D tensor for every layer
     (a boolean mask would be converted in each layer); other implementations get the key padding mask
-    (`bias`'s last query row), with causality inside the segment their own. `keys_only`: the call is
-    for the cache only (its outputs are garbage), so the last layer's attention may be skipped."""
+    (`bias`'s last query row), with causality inside the segment their own. `read` = (a, b): only
+    the outputs at positions a..b-1 are read (the others may be garbage; (0, 0) when the call is for
+    the cache only), so the last layer's attention may skip the other queries."""
     if _attention_implementation(model) in ("eager", "sdpa"):
         mask = bias.unsqueeze(1).to(ids.device)
     else:
         mask = (bias[:, -1] == 0).expand(ids.shape[0], -1).to(device=ids.device, dtype=torch.long)
     cache = kv if not isinstance(kv, list) else _cache_over(model, kv)
     inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-    if keys_only and _grouped_sdpa(model):
-        inputs["keys_only_layer"] = len(cache.layers) - 1
+    if read is not None and _grouped_sdpa(model):
+        inputs["read_queries"] = (len(cache.layers) - 1, *read)
     with _masked_attention(model):
         if decoder is not None:
             return decoder(**inputs).last_hidden_state
@@ -699,7 +710,7 @@ def score_inserts_with_prefix_cache(
             kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in shared_kv]
             cache = _cache_over(model, kv)
             _forward_after_cache(model, decoder, cache, ids.to(device), torch.arange(shared, P).expand(n, S).to(device),
-                                 _prefix_then_causal(S, shared, dtype), keys_only=True)
+                                 _prefix_then_causal(S, shared, dtype), read=(0, 0))
             layers = [(layer.keys, layer.values) for layer in cache.layers]  # [n, kv heads, P, head dim]
         counters["forwards"] += 1
         counters["tokens"] += sum(prefix_len[r] - shared for r in batch)
@@ -736,7 +747,9 @@ def score_inserts_with_prefix_cache(
                 targets.append(rows.input_ids[r, pos])
             kv = [(k[:, :, :C].index_select(0, where.to(k.device)), v[:, :, :C].index_select(0, where.to(v.device)))
                   for k, v in layers]
-            states = _forward_after_cache(model, decoder, kv, seg_ids.to(device), positions.to(device), bias)
+            # Only the span's predictions are read: from the last block token to the span's last but one.
+            read = (min(len(segments[j][3]) for j in g) - 1, max(lengths[j] for j in g) - 1)
+            states = _forward_after_cache(model, decoder, kv, seg_ids.to(device), positions.to(device), bias, read=read)
             counters["forwards"] += 1
             counters["sequences"] += n
             counters["tokens"] += sum(lengths[j] for j in g)
