@@ -11,10 +11,14 @@ the old log-probs, the teacher's log-probs (StepOPSD: a stale snapshot with the 
 AgentOPSD: the live policy with the skill note), the credit, and the clipped policy-gradient update
 (`--mini-batches` optimizer steps). The teacher is timed three ways side by side:
 
-    per-turn   one sequence per (row, turn): the student's prefix, the block, the span;
-    packed     each row's turns in one sequence with a block-causal 4-D mask (the previous default);
-    prefix     the row's prefix through the teacher once, its keys and values reused by every turn's
-               block and span (`trainer.teacher`'s default).
+    per-turn   StepOPSD: one sequence per (row, turn): the student's prefix, the block, the span;
+               AgentOPSD: one sequence per row (the skill note, then the row);
+    packed     StepOPSD: each row's turns in one sequence with a block-causal 4-D mask;
+               AgentOPSD: as per-turn;
+    prefix     StepOPSD: the rows' common prefix once, each row's prefix once on it, their keys and
+               values reused by every turn's block and span, batched across rows; AgentOPSD: the
+               skill note (the rows' common teacher prefix) once per note, its keys and values reused
+               by every row (`trainer.teacher`'s default).
 
 Figures are process CPU seconds (torch on one thread), the minimum over `--repeats` rounds in which
 the methods take turns: other jobs on a shared machine change wall time, much less CPU time.

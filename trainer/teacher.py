@@ -25,13 +25,18 @@ The rest of the row (every response, observation and template token) is unchange
 per row scores every turn. Skill notes: `trainer.env_knowledge.skill_text` (the env family's own).
 
 Cost (N = rows, T = row length, P = privileged prefix tokens, K = turns per row, H = hindsight block
-tokens, L_k = span tokens of turn k, s_k = its start):
-    AgentOPSD: one forward per row of T + P tokens: N forwards, sum (T + P) tokens.
-    StepOPSD, `prefix` (the default): the row's prefix up to its last insertion point runs once
-        with a key/value cache; then all the row's turns run as one batch of segments (hindsight
-        block + span), segment k reading the cached keys at positions < s_k and itself causally, with
-        positions continuing from s_k. T + sum_k (H + L_k) tokens through the MLPs, and each segment
-        token attends to at most s_k + H + L_k keys.
+tokens, L_k = span tokens of turn k, s_k = its start, Q = the rows' common token prefix):
+    AgentOPSD, `prefix` (the default): the rows that start with the same skill note share the longest
+        common prefix of their teacher sequences (the note, the chat template, the shared system
+        prompt: P + Q tokens); it runs once per note and its keys and values are expanded over the
+        rows, which run only their own tokens: P + Q + sum (T - Q) tokens.
+    AgentOPSD, `per-turn` / `packed`: one sequence per row: sum (T + P) tokens.
+    StepOPSD, `prefix` (the default): the rows' common prefix runs once, then each row's prefix up
+        to its last insertion point continues from it with a key/value cache; then the segments
+        (hindsight block + span) of every turn of a micro-batch of rows run in batches (grouped by
+        block length and s_k), segment k reading its row's cached keys at positions < s_k and itself
+        causally, with positions continuing from s_k. Q + sum (T - Q) + sum_k (H + L_k) tokens through
+        the MLPs, and each segment token attends to at most max s_k (of its batch) + H + L_k keys.
     StepOPSD, `packed`: the same tokens in ONE sequence per row (prefix, then the segments) with a
         block-causal 4-D mask: the same tokens, but attention over the whole packed length.
     StepOPSD, `per-turn`: one sequence per (row, turn): sum_k (s_k + H + L_k) ~ K T / 2 tokens; what
@@ -205,6 +210,11 @@ def _row_first_messages(episode: Episode, rows: TokenRows, r: int) -> list[dict[
     return episode_messages(episode, k, rows.contexts[int(rows.row_episode[r])])
 
 
+def _note_key(episode: Episode) -> tuple[str, str | None]:
+    """Which skill note an episode's AgentOPSD teacher prompt starts with (`skill_text`'s arguments)."""
+    return (episode.env_id, episode.task_type)
+
+
 def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters):
     kwargs = rows.meta.get("chat_template_kwargs", {})
     seqs = []
@@ -214,7 +224,7 @@ def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
             continue
         episode = episodes[int(rows.row_episode[r])]
         L, P = int(rows.length[r]), int(rows.prompt_len[r])
-        key = (episode.env_id, episode.task_type)
+        key = _note_key(episode)
         if key not in skill_cache:
             skill_cache[key] = skill_text(episode.env_id, episode.task_type, config.skills_dir)
         messages = _row_first_messages(episode, rows, r)
@@ -435,6 +445,17 @@ def _model_io(model):
     return decoder, head
 
 
+def _length_batches(items, length, budget: int) -> list[list]:
+    """`items` longest first, in batches of at most `budget` padded tokens (count x the first's length)."""
+    batches: list[list] = []
+    for item in sorted(items, key=lambda x: -length(x)):
+        if batches and (len(batches[-1]) + 1) * length(batches[-1][0]) <= budget:
+            batches[-1].append(item)
+        else:
+            batches.append([item])
+    return batches
+
+
 @torch.no_grad()
 def score_sequences(
     model,
@@ -459,14 +480,8 @@ def score_sequences(
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     decoder, head = _model_io(model)
-    order = sorted(range(len(sequences)), key=lambda j: -sequences[j].length)
     out: list[torch.Tensor | None] = [None] * len(sequences)
-    batches: list[list[int]] = []
-    for j in order:
-        if batches and (len(batches[-1]) + 1) * sequences[batches[-1][0]].length <= micro_batch_tokens:
-            batches[-1].append(j)
-        else:
-            batches.append([j])
+    batches = _length_batches(range(len(sequences)), lambda j: sequences[j].length, micro_batch_tokens)
     forwards = 0
     label = progress if isinstance(progress, str) else "teacher"
     for batch in tqdm(batches, desc=label, unit="batch", disable=not progress, leave=False):
@@ -484,7 +499,11 @@ def score_sequences(
                 segment[b, : s.length], prefix[b, : s.length] = s.segment, s.prefix
             attention = block_causal_mask(segment.to(device), prefix.to(device), valid.to(device), dtype)
         else:
-            attention = valid.to(torch.long).to(device)
+            # Plain sequences are right-padded: under the causal mask no real token sees a pad, so no
+            # padding mask is needed, and without one the attention kernel skips the masked half. The
+            # pads continue the positions (a position reset would read as a second packed sequence).
+            attention = None
+            positions = torch.arange(S).expand(B, S)
         inputs = dict(input_ids=ids.to(device), attention_mask=attention, position_ids=positions.to(device))
         if decoder is not None:
             hidden = decoder(**inputs, use_cache=False).last_hidden_state
@@ -515,6 +534,123 @@ def _max_length(model, config: CreditConfig, max_length: int | None) -> int:
 STRATEGIES = ("prefix", "packed", "per-turn")
 
 
+def _cache_over(model, kv: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A DynamicCache holding `kv` ([B, kv heads, C, head dim] per layer) as given: views (an
+    expanded note, a slice of a prefix) are not copied here; the forward's own concatenation with
+    the new keys is the one copy."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    if len(cache.layers) != len(kv) or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return DynamicCache(ddp_cache_data=kv, config=model.config)  # e.g. sliding-window layers: their own update
+    for layer, (k, v) in zip(cache.layers, kv, strict=True):
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+    return cache
+
+
+def _sdpa_with_grouped_heads(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """SDPA with the key/value heads shared by query groups in the kernel (`enable_gqa`), also under a
+    mask: transformers' SDPA repeats the key and value heads in memory whenever a mask is given (on
+    CUDA the grouped kernel would fall back to the math one; on the CPU it is a quarter faster).
+
+    `read_queries` = (layer, a, b): in that layer (the last), only the outputs of queries a..b-1 are
+    read afterwards (the positions whose hidden states give the log-probs; none for a forward run only
+    for its key/value cache), so only those queries attend and the others get zeros. Keys and values
+    are cached before attention, so the cache is whole either way."""
+    read = kwargs.get("read_queries")
+    if read is not None and read[0] == getattr(module, "layer_idx", None):
+        _, a, b = read
+        out = query.new_zeros(query.shape)
+        if b > a:
+            out[:, :, a:b] = torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, a:b], key, value, attn_mask=None if attention_mask is None else attention_mask[:, :, a:b],
+                dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != query.shape[1],
+            )
+        return out.transpose(1, 2).contiguous(), None
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+_GROUPED_SDPA = "agentgym_opsd_sdpa_gqa"
+
+
+def _grouped_sdpa(model) -> bool:
+    return _attention_implementation(model) == "sdpa" and next(model.parameters()).device.type == "cpu"
+
+
+def _masked_attention(model):
+    """The attention implementation for forwards with an additive 4-D mask: SDPA with grouped heads
+    on the CPU when the model uses SDPA, else the model's own."""
+    from contextlib import nullcontext
+
+    if not _grouped_sdpa(model):
+        return nullcontext()
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_GROUPED_SDPA, _sdpa_with_grouped_heads)  # idempotent
+    return _attention_implementation_set_to(model.config, _GROUPED_SDPA)
+
+
+class _attention_implementation_set_to:
+    """Sets `config._attn_implementation` for a block (the layers read it on every forward)."""
+
+    def __init__(self, config, name: str):
+        self.config, self.name = config, name
+
+    def __enter__(self):
+        self.saved = self.config._attn_implementation
+        self.config._attn_implementation = self.name
+
+    def __exit__(self, *exc):
+        self.config._attn_implementation = self.saved
+
+
+def _forward_after_cache(model, decoder, kv, ids, positions, bias: torch.Tensor, *,
+                         read: tuple[int, int] | None = None) -> torch.Tensor:
+    """Hidden states (or logits when the head cannot be split off) of `ids` [B, S] at `positions`,
+    attending to the cached keys `kv` (length C; a list of (keys, values) per layer, or a cache, which
+    the forward extends) and to themselves where the additive mask `bias` [B or 1, S, C + S] (0 or the
+    dtype's minimum) allows. Eager and SDPA attention get `bias` as is, one 4-D tensor for every layer
+    (a boolean mask would be converted in each layer); other implementations get the key padding mask
+    (`bias`'s last query row), with causality inside the segment their own. `read` = (a, b): only
+    the outputs at positions a..b-1 are read (the others may be garbage; (0, 0) when the call is for
+    the cache only), so the last layer's attention may skip the other queries."""
+    if _attention_implementation(model) in ("eager", "sdpa"):
+        mask = bias.unsqueeze(1).to(ids.device)
+    else:
+        mask = (bias[:, -1] == 0).expand(ids.shape[0], -1).to(device=ids.device, dtype=torch.long)
+    cache = kv if not isinstance(kv, list) else _cache_over(model, kv)
+    inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    if read is not None and _grouped_sdpa(model):
+        inputs["read_queries"] = (len(cache.layers) - 1, *read)
+    with _masked_attention(model):
+        if decoder is not None:
+            return decoder(**inputs).last_hidden_state
+        return model(**inputs).logits
+
+
+def _prefix_then_causal(S: int, C: int, dtype: torch.dtype) -> torch.Tensor:
+    """[1, S, C + S] additive mask: every query sees the C cached keys, and itself causally."""
+    bias = torch.zeros((1, S, C + S), dtype=dtype)
+    bias[0, :, C:].masked_fill_(torch.ones((S, S), dtype=torch.bool).triu_(1), torch.finfo(dtype).min)
+    return bias
+
+
+def _target_logprobs(head, states: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int = 4096) -> torch.Tensor:
+    """log p(targets) from hidden states ([M, hidden], through `head`) or logits (`head` None): [M] float32 on CPU."""
+    out = torch.empty(targets.numel(), dtype=torch.float32)
+    for c in range(0, targets.numel(), chunk):
+        logits = head(states[c : c + chunk]) if head is not None else states[c : c + chunk]
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        out[c : c + chunk] = logp.gather(1, targets[c : c + chunk, None].to(logp.device)).squeeze(1).cpu()
+    return out
+
+
 @torch.no_grad()
 def score_inserts_with_prefix_cache(
     model,
@@ -528,80 +664,191 @@ def score_inserts_with_prefix_cache(
     """StepOPSD's teacher with each row's prefix computed once.
 
     For a micro-batch of rows, the teacher runs the rows' prefixes (up to their last insertion
-    point) once, keeping keys and values. Then, per row, the segments of all its turns (block + span)
-    run as one batch on that cache: segment k sees the prefix keys at positions < s_k (a 2-D mask
-    over the cache) and itself causally, with position ids continuing from s_k. That is the same
-    computation as the sequence prefix + block + span, with the prefix run once instead of once per
-    turn, and without a packed sequence's quadratic mask.
+    point) once, right-padded and causal, keeping keys and values. Then the segments (hindsight block +
+    span) of all the micro-batch's turns, sorted by insertion point s_k, run in batches on those
+    caches: segment k sees its row's prefix keys at positions < s_k and itself causally, with
+    position ids continuing from s_k; a batch attends to the prefix keys up to its largest s_k only.
+    That is the same computation as the sequence prefix + block + span, with the prefix run once
+    instead of once per turn. The log-probs come from one output-head call per batch.
 
     Returns (logprobs [R, T], scored [R, T], counters: forwards, tokens).
     """
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     decoder, head = _model_io(model)
+    runner = decoder if decoder is not None else model
+    pad = int(rows.pad_token_id)
     logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
     scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
     counters = {"forwards": 0, "tokens": 0, "sequences": 0}
     prefix_len = {r: max(s for s, _, _ in ins) for r, ins in inserts.items()}
-    order = sorted(inserts, key=lambda r: -prefix_len[r])
-    batches: list[list[int]] = []
-    for r in order:  # rows of similar prefix length together, within the token budget
-        if batches and (len(batches[-1]) + 1) * prefix_len[batches[-1][0]] <= micro_batch_tokens:
-            batches[-1].append(r)
-        else:
-            batches.append([r])
+    # rows of similar prefix length together, within the token budget
+    batches = _length_batches(inserts, lambda r: prefix_len[r], micro_batch_tokens)
+    order = [r for batch in batches for r in batch]
+    # The rows' common token prefix (the system prompt, ...), up to the first insertion point of any
+    # row, runs once; every row's prefix continues from its keys and values.
+    shared = 0
+    if inserts:
+        first = rows.input_ids[order[0]]
+        shared = min(min(s for s, _, _ in ins) for ins in inserts.values())
+        for r in order[1:]:
+            differ = (rows.input_ids[r, :shared] != first[:shared]).nonzero()
+            shared = int(differ[0]) if differ.numel() else shared
+    shared_kv = None
+    if shared > 1:
+        out = runner(input_ids=first[:shared].unsqueeze(0).to(device), use_cache=True)
+        shared_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        counters["forwards"] += 1
+        counters["tokens"] += shared
+        del out
+    else:
+        shared = 0
     label = progress if isinstance(progress, str) else "teacher"
     for batch in tqdm(batches, desc=label, unit="batch", disable=not progress, leave=False):
         P = max(prefix_len[r] for r in batch)
-        ids = torch.full((len(batch), P), int(rows.pad_token_id), dtype=torch.long)
-        valid = torch.zeros((len(batch), P), dtype=torch.long)
+        ids = torch.full((len(batch), P - shared), pad, dtype=torch.long)
         for b, r in enumerate(batch):
-            ids[b, : prefix_len[r]] = rows.input_ids[r, : prefix_len[r]]
-            valid[b, : prefix_len[r]] = 1
-        runner = decoder if decoder is not None else model
-        out = runner(input_ids=ids.to(device), attention_mask=valid.to(device), use_cache=True)
+            ids[b, : prefix_len[r] - shared] = rows.input_ids[r, shared : prefix_len[r]]
+        # Right-padded and causal: a pad's key sits after every insertion point of its row, and no
+        # real token attends to it, so no padding mask is needed (without any mask SDPA runs its
+        # causal kernel).
+        if shared_kv is None:
+            out = runner(input_ids=ids.to(device), use_cache=True)
+            layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        else:
+            n, S = ids.shape
+            kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in shared_kv]
+            cache = _cache_over(model, kv)
+            _forward_after_cache(model, decoder, cache, ids.to(device), torch.arange(shared, P).expand(n, S).to(device),
+                                 _prefix_then_causal(S, shared, dtype), read=(0, 0))
+            layers = [(layer.keys, layer.values) for layer in cache.layers]  # [n, kv heads, P, head dim]
         counters["forwards"] += 1
-        counters["tokens"] += int(valid.sum())
-        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        for b, r in enumerate(batch):
-            segments = inserts[r]
-            n, Pr = len(segments), prefix_len[r]
-            S = max(len(block) + int(pos[-1]) - s + 1 for s, block, pos in segments)
-            seg_ids = torch.full((n, S), int(rows.pad_token_id), dtype=torch.long)
-            mask = torch.zeros((n, Pr + S), dtype=torch.long)
-            positions = torch.zeros((n, S), dtype=torch.long)
-            for j, (s, block, pos) in enumerate(segments):
+        counters["tokens"] += sum(prefix_len[r] - shared for r in batch)
+        # Every segment of the batch's rows: (s, batch index, row, block, span positions), by block length
+        # (the peer trajectory makes some blocks much longer) and then by s, both descending.
+        segments = sorted(((s, b, r, block, pos) for b, r in enumerate(batch) for s, block, pos in inserts[r]),
+                          key=lambda x: (-len(x[3]), -x[0]))
+        lengths = [len(block) + int(pos[-1]) - s + 1 for s, _, _, block, pos in segments]
+        groups: list[list[int]] = []  # segments whose padded size (largest s + longest segment) fits the budget
+        for j in range(len(segments)):
+            if groups:
+                g = groups[-1]
+                width = max(segments[i][0] for i in g + [j]) + max(lengths[i] for i in g + [j])
+                if (len(g) + 1) * width <= micro_batch_tokens:
+                    g.append(j)
+                    continue
+            groups.append([j])
+        for g in groups:
+            n, C, S = len(g), max(segments[j][0] for j in g), max(lengths[j] for j in g)
+            seg_ids = torch.full((n, S), pad, dtype=torch.long)
+            positions = torch.empty((n, S), dtype=torch.long)
+            bias = torch.full((n, S, C + S), torch.finfo(dtype).min, dtype=dtype)
+            causal = _prefix_then_causal(S, 0, dtype)[0]
+            where = torch.tensor([segments[j][1] for j in g])
+            predict, targets = [], []
+            for i, j in enumerate(g):
+                s, _, r, block, pos = segments[j]
                 e = int(pos[-1])
-                copy = torch.cat([torch.tensor(block, dtype=torch.long), rows.input_ids[r, s : e + 1]])
-                m = copy.numel()
-                seg_ids[j, :m] = copy
-                mask[j, :s] = 1                     # the row's prefix before this turn's span
-                mask[j, Pr : Pr + m] = 1            # the segment itself (causally)
-                positions[j] = torch.arange(s, s + S)
-            cache = DynamicCache(
-                ddp_cache_data=[(k[b : b + 1, :, :Pr].expand(n, -1, -1, -1).contiguous(),
-                                 v[b : b + 1, :, :Pr].expand(n, -1, -1, -1).contiguous()) for k, v in layers],
-                config=model.config,
-            )
-            inputs = dict(input_ids=seg_ids.to(device), attention_mask=mask.to(device),
-                          position_ids=positions.to(device), past_key_values=cache, use_cache=True)
-            if decoder is not None:
-                hidden = decoder(**inputs).last_hidden_state
-            else:
-                hidden = None
-                logits_all = model(**inputs).logits
+                seg_ids[i, : lengths[j]] = torch.cat([torch.tensor(block, dtype=torch.long), rows.input_ids[r, s : e + 1]])
+                positions[i] = torch.arange(s, s + S)
+                bias[i, :, :s] = 0                  # the row's prefix before this turn's span
+                bias[i, :, C:] = causal             # the segment itself, causally (pads see only earlier tokens)
+                predict.append(i * S + len(block) + (pos - s) - 1)  # flat index of the state predicting span position p
+                targets.append(rows.input_ids[r, pos])
+            kv = [(k[:, :, :C].index_select(0, where.to(k.device)), v[:, :, :C].index_select(0, where.to(v.device)))
+                  for k, v in layers]
+            # Only the span's predictions are read: from the last block token to the span's last but one.
+            read = (min(len(segments[j][3]) for j in g) - 1, max(lengths[j] for j in g) - 1)
+            states = _forward_after_cache(model, decoder, kv, seg_ids.to(device), positions.to(device), bias, read=read)
             counters["forwards"] += 1
             counters["sequences"] += n
-            counters["tokens"] += int(mask[:, Pr:].sum())
-            for j, (s, block, pos) in enumerate(segments):
-                predict = (len(block) + (pos - s) - 1).to(device)  # segment position that predicts span position p
-                targets = rows.input_ids[r, pos].to(device)
-                logits = head(hidden[j, predict]) if hidden is not None else logits_all[j, predict]
-                lp = torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, targets[:, None]).squeeze(1)
-                logprobs[r, pos] = lp.cpu()
+            counters["tokens"] += sum(lengths[j] for j in g)
+            lp = _target_logprobs(head, states.reshape(n * S, -1)[torch.cat(predict).to(device)], torch.cat(targets),
+                                  temperature)
+            at = 0
+            for j in g:
+                _, _, r, _, pos = segments[j]
+                logprobs[r, pos] = lp[at : at + pos.numel()]
                 scored[r, pos] = True
+                at += pos.numel()
     return logprobs, scored, counters
+
+
+@torch.no_grad()
+def score_sequences_with_shared_prefix(
+    model,
+    sequences: Sequence[TeacherSequence],
+    keys: Sequence[Any],
+    *,
+    pad_token_id: int = 0,
+    micro_batch_tokens: int = 16384,
+    temperature: float = 1.0,
+    progress: bool | str = False,
+) -> tuple[list[torch.Tensor], dict[str, int]]:
+    """Plain (causal, unpacked) sequences scored with their common prefix run once.
+
+    Sequences with the same key (AgentOPSD: the skill note they start with) are one group; the
+    group's shared prefix is the longest common prefix of their token ids, cut back so that every
+    sequence keeps its first scored prediction and at least one token after it. That prefix runs
+    once; its keys and values are expanded over each micro-batch of the group's sequences, whose
+    remaining tokens run with positions continuing after it. The same log-probs as `score_sequences`
+    (the sequences one by one) up to float rounding.
+
+    Returns (log-probs [M] per sequence, counters: forwards, tokens, sequences).
+    """
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    decoder, head = _model_io(model)
+    runner = decoder if decoder is not None else model
+    out: list[torch.Tensor] = [torch.zeros(0) for _ in sequences]
+    counters = {"forwards": 0, "tokens": 0, "sequences": len(sequences)}
+    groups: dict[Any, list[int]] = {}
+    for j, (seq, key) in enumerate(zip(sequences, keys, strict=True)):
+        if seq.packed or not torch.equal(seq.positions, torch.arange(seq.length)):
+            raise ValueError("score_sequences_with_shared_prefix takes plain causal sequences")
+        if seq.predict.numel():  # nothing to score: no forward
+            groups.setdefault(key, []).append(j)
+    label = progress if isinstance(progress, str) else "teacher"
+    for members in tqdm(list(groups.values()), desc=label, unit="prefix", disable=not progress, leave=False):
+        first = sequences[members[0]].ids
+        C = min(min(int(sequences[j].predict.min()) for j in members), first.numel())
+        for j in members[1:]:
+            other = sequences[j].ids[:C]
+            differ = (first[: other.numel()] != other).nonzero()
+            C = min(C, other.numel(), int(differ[0]) if differ.numel() else C)
+        if C > 0:
+            prefix = runner(input_ids=first[:C].unsqueeze(0).to(device), use_cache=True)
+            layers = [(layer.keys, layer.values) for layer in prefix.past_key_values.layers]
+            del prefix
+            counters["forwards"] += 1
+            counters["tokens"] += C
+        for batch in _length_batches(members, lambda j: sequences[j].length, micro_batch_tokens):
+            n, S = len(batch), sequences[batch[0]].length - C
+            ids = torch.full((n, S), int(pad_token_id), dtype=torch.long)
+            predict, targets = [], []
+            for i, j in enumerate(batch):
+                seq = sequences[j]
+                ids[i, : seq.length - C] = seq.ids[C:]
+                predict.append(i * S + seq.predict - C)
+                targets.append(seq.ids[seq.target])
+            positions = torch.arange(C, C + S).expand(n, S)
+            if C > 0:
+                # Every suffix sees the whole shared prefix and itself causally (right padding: no
+                # real token sees a pad); the prefix's keys are one copy expanded over the batch.
+                kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in layers]
+                states = _forward_after_cache(model, decoder, kv, ids.to(device), positions.to(device),
+                                              _prefix_then_causal(S, C, dtype))
+            else:
+                inputs = dict(input_ids=ids.to(device), position_ids=positions.to(device), use_cache=False)
+                states = decoder(**inputs).last_hidden_state if decoder is not None else model(**inputs).logits
+            counters["forwards"] += 1
+            counters["tokens"] += sum(sequences[j].length - C for j in batch)
+            lp = _target_logprobs(head, states.reshape(n * S, -1)[torch.cat(predict).to(device)], torch.cat(targets),
+                                  temperature)
+            at = 0
+            for j in batch:
+                m = sequences[j].predict.numel()
+                out[j] = lp[at : at + m]
+                at += m
+    return out, counters
 
 
 def score_teacher(
@@ -630,8 +877,9 @@ def score_teacher(
         strategy: StepOPSD and RLSD only, how a row's turns are scored (the same log-probs each way):
             `prefix` (the row's prefix once, its keys and values reused by every turn's block and
             span), `packed` (the row's turns in one sequence with a block-causal 4-D mask), `per-turn`
-            (one sequence per turn); `auto` is `prefix`. AgentOPSD's teacher is one sequence per row
-            whatever the strategy (the skill note goes before the whole conversation).
+            (one sequence per turn); `auto` is `prefix`. AgentOPSD: `prefix` runs the rows' shared
+            teacher prefix (the skill note, ...) once per note and then each row's own tokens; the
+            others run one sequence per row (the skill note goes before the whole conversation).
         micro_batch_tokens: padded tokens per forward.
         temperature: the rollout's sampling temperature (the student's log-probs use it too).
 
@@ -660,16 +908,24 @@ def score_teacher(
             sequences, counters = build_teacher_sequences(
                 tokenizer, episodes, rows, config, max_length=limit, packing=strategy == "packed"
             )
-            scores, forwards = score_sequences(
-                model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
-                temperature=temperature, progress=progress,
-            )
+            if config.method == "agentopsd" and strategy == "prefix":
+                # The skill note (and whatever else the rows' teacher prompts share) runs once per note.
+                keys = [_note_key(episodes[int(rows.row_episode[seq.row])]) for seq in sequences]
+                scores, cost = score_sequences_with_shared_prefix(
+                    model, sequences, keys, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
+                    temperature=temperature, progress=progress,
+                )
+            else:
+                scores, forwards = score_sequences(
+                    model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
+                    temperature=temperature, progress=progress,
+                )
+                cost = {"forwards": forwards, "sequences": len(sequences), "tokens": sum(s.length for s in sequences)}
             logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
             scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
             for seq, lp in zip(sequences, scores, strict=True):
                 logprobs[seq.row, seq.row_pos] = lp
                 scored[seq.row, seq.row_pos] = True
-            cost = {"forwards": forwards, "sequences": len(sequences), "tokens": sum(s.length for s in sequences)}
     finally:
         model.train(was_training)
     result = TeacherScores(

@@ -234,10 +234,12 @@ def test_stepopsd_strategies_give_the_per_turn_log_probs(qwen3, tiny, context, p
         scores = score_teacher(tiny, qwen3, episodes, rows, config, strategy=strategy, micro_batch_tokens=700)
         assert torch.equal(scores.scored, single.scored)
         torch.testing.assert_close(scores.logprobs, single.logprobs, atol=1e-5, rtol=1e-5)
-        if context == "full":
-            assert scores.tokens < single.tokens  # the prefix is not run once per turn
+        if context == "full" or strategy == "prefix":
+            # the prefix is not run once per turn; `prefix` also runs the rows' common prefix (the
+            # system prompt) once, so window rows (one turn each) share it too
+            assert scores.tokens < single.tokens
         else:
-            assert scores.tokens == single.tokens  # one turn per row: nothing to share
+            assert scores.tokens == single.tokens  # one turn per row: nothing to share within a row
     # An independent check of one turn: full logits of prefix + block + span through the plain model.
     seqs, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=4096, packing=False)
     seq = seqs[1]
@@ -266,15 +268,53 @@ def test_agentopsd_scoring_equals_a_plain_forward(qwen3, tiny):
     episodes = group()
     config = credit_config(ALFWORLD, "agentopsd")
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
-    scores = score_teacher(tiny, qwen3, episodes, rows, config, micro_batch_tokens=1)
-    assert scores.forwards == rows.num_rows == scores.sequences  # one forward per row
+    per_row = score_teacher(tiny, qwen3, episodes, rows, config, micro_batch_tokens=1, strategy="per-turn")
+    assert per_row.forwards == rows.num_rows == per_row.sequences  # one forward per row
+    scores = score_teacher(tiny, qwen3, episodes, rows, config, micro_batch_tokens=1)  # the note once, then each row
+    assert scores.forwards == 1 + rows.num_rows and scores.sequences == rows.num_rows
     seqs, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=4096)
     for seq in seqs:
         ref = reference_logprobs(tiny, seq.ids.tolist())
+        torch.testing.assert_close(per_row.logprobs[seq.row, seq.row_pos], ref[seq.target], atol=2e-5, rtol=1e-5)
         torch.testing.assert_close(scores.logprobs[seq.row, seq.row_pos], ref[seq.target], atol=2e-5, rtol=1e-5)
     # The privileged note changes the teacher's view: its log-probs differ from the student's.
     student = row_logprobs(tiny, rows)
     assert float((scores.logprobs - student)[scores.scored].abs().max()) > 1e-4
+
+
+@pytest.mark.parametrize("context", ["full", "window:2"])
+def test_agentopsd_shared_note_gives_the_one_sequence_per_row_log_probs(qwen3, tiny, context):
+    """The skill note's keys and values computed once per distinct note and reused for every row give,
+    to 1e-5 in float32, what one sequence per row gives: rows of different lengths, two task types
+    (two notes), rows cut at the length limit, micro-batches of several rows and of one."""
+    heat = group()
+    cool = [make_episode(UNICODE_RESPONSES[i:], success=i == 1, episode_id=f"cool{i}", group="C", task_type="cool")
+            for i in range(3)]
+    episodes = heat + cool
+    if context != "full":
+        episodes = [make_episode(UNICODE_RESPONSES[: 4 - i % 3], success=i % 2 == 0, episode_id=f"w{i}", group=f"W{i % 2}",
+                                 task_type=("heat", "cool")[i % 2], context=context) for i in range(4)]
+    config = credit_config(ALFWORLD, "agentopsd")
+    rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
+    assert len(set(rows.length.tolist())) > 2  # rows of different lengths
+    seqs, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=100_000)
+    for limit in (100_000, sorted(s.length for s in seqs)[len(seqs) // 2] - 3):
+        per_row = score_teacher(tiny, qwen3, episodes, rows, config, strategy="per-turn", max_length=limit)
+        for budget in (16384, 1):
+            shared = score_teacher(tiny, qwen3, episodes, rows, config, max_length=limit, micro_batch_tokens=budget)
+            assert (shared.truncated, shared.truncated_tokens) == (per_row.truncated, per_row.truncated_tokens)
+            assert torch.equal(shared.scored, per_row.scored) and bool(shared.scored.any())
+            torch.testing.assert_close(shared.logprobs, per_row.logprobs, atol=1e-5, rtol=1e-5)
+            assert shared.tokens < per_row.tokens  # each note's prefix runs once, not once per row
+        if limit < 100_000:
+            assert per_row.truncated > 0
+    notes = {(e.env_id, e.task_type) for e in episodes}
+    # micro_batch_tokens=1: one forward per row with a token left to score, plus one per note
+    prefix_forwards = shared.forwards - int(shared.scored.any(dim=1).sum())
+    assert prefix_forwards == len(notes)
+    # The shared prefix is the rows' common token prefix: at least the note, never a scored token.
+    note = qwen3(SKILL_HEADER + skill_text(ALFWORLD, "heat"), add_special_tokens=False)["input_ids"]
+    assert shared.tokens <= per_row.tokens - (rows.num_rows - len(notes)) * (len(note) - 2)
 
 
 def test_agentopsd_truncation_keeps_the_skill_and_counts_the_tail(qwen3, tiny, caplog):
