@@ -511,15 +511,10 @@ def score_sequences(
             hidden = None
             logits_all = model(**inputs, use_cache=False).logits
         forwards += 1
+        states = hidden if hidden is not None else logits_all
         for b, s in enumerate(seqs):
-            lp = torch.empty(s.predict.numel(), dtype=torch.float32)
-            for c in range(0, s.predict.numel(), logit_chunk):
-                pred = s.predict[c : c + logit_chunk].to(device)
-                tgt_ids = s.ids[s.target[c : c + logit_chunk]].to(device)
-                logits = head(hidden[b, pred]) if hidden is not None else logits_all[b, pred]
-                logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-                lp[c : c + logit_chunk] = logp.gather(1, tgt_ids.unsqueeze(1)).squeeze(1).cpu()
-            out[batch[b]] = lp
+            out[batch[b]] = _target_logprobs(head if hidden is not None else None, states[b, s.predict.to(device)],
+                                             s.ids[s.target], temperature, chunk=logit_chunk)
     return [x if x is not None else torch.zeros(0) for x in out], forwards
 
 
