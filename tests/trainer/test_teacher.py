@@ -247,6 +247,28 @@ def test_stepopsd_strategies_give_the_per_turn_log_probs(qwen3, tiny, context, p
     torch.testing.assert_close(single.logprobs[seq.row, seq.row_pos], ref[seq.target], atol=2e-5, rtol=1e-5)
 
 
+def test_stepopsd_prefix_runs_the_last_layer_only_where_log_probs_are_read(qwen3, tiny):
+    """In the prefix strategy's segment forwards the last layer's MLP sees only the positions whose
+    outputs give the span's log-probs (not the hindsight block before them), its cache-only forwards
+    none, the first layer's MLP every position; the log-probs stay the per-turn ones."""
+    episodes = group()
+    config = credit_config(ALFWORLD, "stepopsd")
+    rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
+    seen = {0: [], 1: []}
+    hooks = [tiny.model.layers[i].mlp.register_forward_hook(
+        lambda module, args, out, i=i: seen[i].append(args[0].shape[1])) for i in (0, 1)]
+    try:
+        scores = score_teacher(tiny, qwen3, episodes, rows, config, strategy="prefix", micro_batch_tokens=700)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    single = score_teacher(tiny, qwen3, episodes, rows, config, strategy="per-turn")
+    torch.testing.assert_close(scores.logprobs, single.logprobs, atol=1e-5, rtol=1e-5)
+    assert sum(seen[1]) > 0
+    assert sum(seen[1]) * 4 < sum(seen[0])  # the blocks (most of each segment) skipped
+    assert type(tiny.model.layers[1].mlp).__name__ == "Qwen3MLP"  # the swap is undone afterwards
+
+
 def test_stepopsd_strategies_agree_at_the_length_limit(qwen3, tiny):
     """Turns whose context does not fit are dropped (or lose the peer block) the same way whatever the
     strategy, and the scored ones have the same log-probs."""
