@@ -3,7 +3,7 @@
 Gymnasium ids `agentgym/ALFWorld-{Pick,Look,Clean,Heat,Cool,PickTwo,All}-v0`; keyword options (see
 `env.AlfWorldEnv`): `split` (train, valid_seen, valid_unseen), `source` (`embedded`: a generated panel
 over ALFRED's rooms, the default; `alfworld`: ALFWorld's json_2.1.1 games from `data_dir` or
-`$ALFWORLD_DATA`), `room` (`full` or `small`), `panel_size`, `panel_seed`, `reward_scale`,
+`$ALFWORLD_DATA`), `room` (`full` or `small`), `panel_size`, `panel_seed`, `panel_own_types`, `reward_scale`,
 `admissible_in_observation`, `max_turns`, `allow_bare_action`.
 
 This module stays light: registering imports nothing heavy; the engine loads when an env is made.

@@ -34,21 +34,11 @@ from agentgym_opsd.core import EnvUnavailable, Hindsight, TextEnv, Transition, h
 from agentgym_opsd.parsing import ParsedAction
 from environments.alfworld.data import GameEntry, discover_games, read_task_params, resolve_data_root
 from environments.alfworld.engine import NOTHING_HAPPENS, AlfredEngine, GameFileError, compile_game
-from environments.alfworld.expert import TASK_TYPES, ExpertError, TaskSpec, World, plan
+from environments.alfworld.expert import SUBSET_OF_TYPE, SUBSETS, TASK_TYPES, ExpertError, TaskSpec, World, plan
 from environments.alfworld.panel import SPLITS, PanelSpec, ensure_panel
 
 __all__ = ["AlfWorldEnv", "SUBSETS", "SUBSET_OF_TYPE", "INSTRUCTIONS", "interleave_task_types"]
 
-# subset name (gym id part, StepInfo.task_type) -> ALFWorld task type
-SUBSETS: dict[str, str] = {
-    "pick": "pick_and_place_simple",
-    "look": "look_at_obj_in_light",
-    "clean": "pick_clean_then_place_in_recep",
-    "heat": "pick_heat_then_place_in_recep",
-    "cool": "pick_cool_then_place_in_recep",
-    "picktwo": "pick_two_obj_and_place",
-}
-SUBSET_OF_TYPE = {v: k for k, v in SUBSETS.items()}
 
 INSTRUCTIONS = """You are an agent in a household, played through ALFWorld's text interface. The first observation describes the room and ends with your task ("Your task is to: ..."). Each turn you send one command and read what happens.
 
@@ -124,6 +114,9 @@ class AlfWorldEnv(TextEnv):
             episodes for fast RL); `panel_size` is games per type, one number or a dict per split
             (default 20 train, 10 valid_seen, 10 valid_unseen).
         max_receptacles: cap the embedded rooms at this many receptacles (None: no cap).
+        panel_own_types: generate an embedded panel of this env's task types only (ALFWorld-Pick-v0
+            at panel_size 1000: 1,000 Pick games instead of 6,000 of six types); its games are the same
+            files as the six-type panel's games of those types.
         mix: `uniform` (the same number of games of every type) or `alfworld` (all six types in the
             proportions of ALFWorld's training set; only with all six types, e.g. ALFWorld-All-v0).
         cache_dir: where panels and engine translations are cached (default `$AGENTGYM_OPSD_CACHE/alfworld` or
@@ -152,6 +145,7 @@ class AlfWorldEnv(TextEnv):
         room: str = "full",
         panel_size: int | dict[str, int] | None = None,
         max_receptacles: int | None = None,
+        panel_own_types: bool = False,
         mix: str = "uniform",
         cache_dir: str | None = None,
         reward_scale: float = 1.0,
@@ -185,11 +179,14 @@ class AlfWorldEnv(TextEnv):
         if mix != "uniform" and set(self.task_types) != set(TASK_TYPES):
             raise ValueError(f"mix={mix!r} shares games out over all six task types; use it with ALFWorld-All-v0")
         if source == "embedded":
-            self.panel = PanelSpec.make(panel_seed, room, panel_size, mix=mix, max_receptacles=max_receptacles)
+            types = self.task_types if panel_own_types else None
+            self.panel = PanelSpec.make(panel_seed, room, panel_size, mix=mix, max_receptacles=max_receptacles, task_types=types)
             self.data_root = ensure_panel(self.panel, cache_dir, splits=(split,), progress=progress) / "json_2.1.1"
         else:
             if max_receptacles is not None:
                 raise ValueError("max_receptacles shapes the embedded panel's rooms; ALFWorld's own games keep theirs")
+            if panel_own_types:
+                raise ValueError("panel_own_types shapes the embedded panel; ALFWorld's own games are read as they are")
             self.panel = None
             self.data_root = resolve_data_root(data_dir)
         wanted = set(self.task_types)

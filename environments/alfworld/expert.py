@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["TaskSpec", "World", "plan", "TASK_TYPES", "ExpertError"]
+__all__ = ["TaskSpec", "World", "plan", "TASK_TYPES", "SUBSETS", "SUBSET_OF_TYPE", "ExpertError"]
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -39,6 +39,16 @@ TASK_TYPES = (
     "pick_cool_then_place_in_recep",
     "pick_two_obj_and_place",
 )
+# subset name (gym id part, StepInfo.task_type) -> ALFWorld task type
+SUBSETS: dict[str, str] = {
+    "pick": "pick_and_place_simple",
+    "look": "look_at_obj_in_light",
+    "clean": "pick_clean_then_place_in_recep",
+    "heat": "pick_heat_then_place_in_recep",
+    "cool": "pick_cool_then_place_in_recep",
+    "picktwo": "pick_two_obj_and_place",
+}
+SUBSET_OF_TYPE = {v: k for k, v in SUBSETS.items()}
 
 # state change -> (property predicate, property the goal also requires, appliance type)
 _TREATMENT = {

@@ -8,9 +8,11 @@ games per task type for `train` and 10 per type for `valid_seen` and `valid_unse
 `mix="alfworld"` keeps each split's total but shares it out in the proportions of ALFWorld's training
 set (`ALFWORLD_TRAIN_COUNTS`: pick 790, look 308, clean 650, heat 459, cool 533, pick-two 813 of 3,553
 games): 120 train games are 27 pick, 10 look, 22 clean, 16 heat, 18 cool, 27 pick-two. The k-th game
-of a type is the same file in every panel of one seed and room.
+of a type is the same file in every panel of one seed and room. `task_types` restricts a panel to some
+types (e.g. 1,000 Pick games for a warm start without generating 5,000 others); its games are the
+same files as the full panel's games of those types.
 
-It lives in `<cache>/<GENERATOR_VERSION>-<seed>[-<room>][-r<cap>][-mixalfworld][-n<train>-<seen>-<unseen>]/`, with `<cache>` =
+It lives in `<cache>/<GENERATOR_VERSION>-<seed>[-<room>][-r<cap>][-mixalfworld][-n<train>-<seen>-<unseen>][-only-<types>]/`, with `<cache>` =
 `$AGENTGYM_OPSD_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`. It is generated once: into a staging
 folder, under a file lock (concurrent processes wait for the first), renamed into place when complete,
 and marked by `<split>.json` (sizes, seconds, the game list). Each split is generated on its first
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from environments.alfworld.expert import TASK_TYPES
+from environments.alfworld.expert import SUBSET_OF_TYPE, TASK_TYPES
 from environments.alfworld.generator import GENERATOR_VERSION, ROOMS, room_settings
 from environments.alfworld.paths import cache_root
 
@@ -61,13 +63,15 @@ def mixed_counts(total: int, weights: dict[str, int] = ALFWORLD_TRAIN_COUNTS) ->
 @dataclass(frozen=True)
 class PanelSpec:
     """Which panel: generator seed, room size (`full` or `small`, see generator.ROOMS) and receptacle cap,
-    games per task type for each split, and the mix of task types (`uniform` or `alfworld`)."""
+    games per task type for each split, the mix of task types (`uniform` or `alfworld`), and the task
+    types it holds (ALFWorld's full names, in TASK_TYPES order; all six by default)."""
 
     seed: int = 0
     room: str = "full"
     sizes: tuple[tuple[str, int], ...] = field(default_factory=lambda: tuple(DEFAULT_SIZES.items()))
     mix: str = "uniform"
     max_receptacles: int | None = None
+    task_types: tuple[str, ...] = TASK_TYPES
 
     @classmethod
     def make(
@@ -77,12 +81,20 @@ class PanelSpec:
         sizes: int | dict[str, int] | None = None,
         mix: str = "uniform",
         max_receptacles: int | None = None,
+        task_types: tuple[str, ...] | list[str] | None = None,
     ) -> PanelSpec:
-        """Build a spec; `sizes` is games per type (one number for every split, or a dict per split)."""
+        """Build a spec; `sizes` is games per type (one number for every split, or a dict per split);
+        `task_types` (ALFWorld's full names; None: all six) the types the panel holds."""
         if room not in ROOMS:
             raise ValueError(f"room={room!r}: use one of {', '.join(ROOMS)}")
         if mix not in MIXES:
             raise ValueError(f"mix={mix!r}: use one of {', '.join(MIXES)}")
+        wanted = set(TASK_TYPES if task_types is None else task_types)
+        if wanted - set(TASK_TYPES) or not wanted:
+            raise ValueError(f"task_types={task_types!r}: use some of {', '.join(TASK_TYPES)}")
+        types = tuple(t for t in TASK_TYPES if t in wanted)
+        if mix != "uniform" and types != TASK_TYPES:
+            raise ValueError(f"mix={mix!r} shares games out over all six task types; a panel of some types is uniform")
         room_settings(room, max_receptacles)  # checks the cap
         merged = dict(DEFAULT_SIZES)
         if isinstance(sizes, int):
@@ -95,7 +107,7 @@ class PanelSpec:
         if any(v < 0 for v in merged.values()):
             raise ValueError(f"panel_size must be >= 0, got {merged}")
         cap = None if max_receptacles is None else int(max_receptacles)
-        return cls(int(seed), room, tuple((s, merged[s]) for s in SPLITS), mix, cap)
+        return cls(int(seed), room, tuple((s, merged[s]) for s in SPLITS), mix, cap, types)
 
     def size(self, split: str) -> int:
         """Games per task type of a uniform panel (the mixed panel keeps six times this per split)."""
@@ -103,6 +115,8 @@ class PanelSpec:
 
     def count(self, split: str, task_type: str) -> int:
         """Games of `task_type` in `split`."""
+        if task_type not in self.task_types:
+            return 0
         if self.mix == "uniform":
             return self.size(split)
         return mixed_counts(self.size(split) * len(TASK_TYPES))[task_type]
@@ -118,6 +132,8 @@ class PanelSpec:
             parts.append(f"mix{self.mix}")
         if dict(self.sizes) != DEFAULT_SIZES:
             parts.append("n" + "-".join(str(n) for _, n in self.sizes))
+        if self.task_types != TASK_TYPES:
+            parts.append("only-" + "+".join(SUBSET_OF_TYPE[t] for t in self.task_types))
         return "-".join(parts)
 
 
@@ -258,14 +274,15 @@ def _generate(
     seconds = round(time.perf_counter() - started, 2)
     manifests: dict[str, dict[str, Any]] = {}
     for split in splits:
-        games = {t: sorted(rel for s, tt, rel, _ in results if s == split and tt == t) for t in TASK_TYPES}
-        steps = {t: [n for s, tt, _, n in results if s == split and tt == t] for t in TASK_TYPES}
+        games = {t: sorted(rel for s, tt, rel, _ in results if s == split and tt == t) for t in spec.task_types}
+        steps = {t: [n for s, tt, _, n in results if s == split and tt == t] for t in spec.task_types}
         manifests[split] = {
             "generator_version": GENERATOR_VERSION,
             "seed": spec.seed,
             "room": spec.room,
             "max_receptacles": spec.max_receptacles,
             "mix": spec.mix,
+            "task_types": list(spec.task_types),
             "split": split,
             "games_per_type": spec.size(split),  # of a uniform panel; "games" lists what this one holds
             "seconds_for_this_run": seconds,

@@ -210,3 +210,33 @@ def test_alfworld_mix_shares_each_split_out_as_alfworlds_training_set() -> None:
 def test_mix_is_for_all_six_types(make_env) -> None:
     with pytest.raises(ValueError, match="ALFWorld-All-v0"):
         make_env(task_types="heat", mix="alfworld")
+
+
+def test_a_panel_of_some_types_holds_the_six_type_panels_games_of_those_types(tmp_path: Path, make_env) -> None:
+    """`panel_own_types=True` (PanelSpec.task_types): ALFWorld-Pick at 3 train games per type generates
+    3 games, not 18; they are the same files, byte for byte, as the six-type panel's Pick games, and
+    the env plays exactly them."""
+    sizes = {"train": 3, "valid_seen": 0, "valid_unseen": 0}
+    pick = PanelSpec.make(seed=2, room="small", sizes=sizes, task_types=["pick_and_place_simple"])
+    full = PanelSpec.make(seed=2, room="small", sizes=sizes)
+    assert pick.name == full.name + "-only-pick"
+    assert len(_jobs(pick, ["train"], Path("/s"), Path("/c"))) == 3 and len(_jobs(full, ["train"], Path("/s"), Path("/c"))) == 18
+    only = ensure_panel(pick, tmp_path, splits=("train",), progress=False) / "json_2.1.1"
+    every = ensure_panel(full, tmp_path, splits=("train",), progress=False) / "json_2.1.1"
+    assert read_manifest(only.parent, "train")["task_types"] == ["pick_and_place_simple"]
+    games = discover_games(only, "train")
+    assert sorted(g.task_type for g in games) == ["pick_and_place_simple"] * 3
+    full_pick = {g.task_id: g for g in discover_games(every, "train") if g.task_type == "pick_and_place_simple"}
+    assert sorted(full_pick) == sorted(g.task_id for g in games)
+    for g in games:
+        assert g.game_file.read_bytes() == full_pick[g.task_id].game_file.read_bytes()
+    env = make_env(task_types="pick", split="train", panel_seed=2, room="small", panel_size=sizes, panel_own_types=True,
+                   cache_dir=str(tmp_path))
+    try:
+        assert env.data_root == only and {g.task_id for g in env.games} == set(full_pick)
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="task_types"):
+        PanelSpec.make(task_types=["pick"])  # the full names
+    with pytest.raises(ValueError, match="mix="):
+        PanelSpec.make(mix="alfworld", task_types=["pick_and_place_simple"])
