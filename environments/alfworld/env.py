@@ -62,6 +62,8 @@ You have {max_turns} turns."""
 
 _WS = re.compile(r"\s+")
 _TASK_LINE = re.compile(r"Your task is to: (.*)")
+_NAMED = re.compile(r"\b(?:an?|some) ([a-z]+ \d+)")  # "a drawer 2", "an apple 1" -> "drawer 2", "apple 1"
+_ROOM_LIST = re.compile(r"you see (.*?)\.\s*$", re.M)  # the first observation's receptacles, in order
 _START_PLANS: dict[str, list[str] | None] = {}
 
 
@@ -124,6 +126,12 @@ class AlfWorldEnv(TextEnv):
         reward_scale: the reward for solving the task.
         admissible_in_observation: append the admissible commands to every observation.
         normalize_commands: match commands case- and whitespace-insensitively ("Go to  Desk 1").
+        expert_searches: the expert (`expert_action`) looks for an object no observation has shown
+            yet receptacle by receptacle, in the order the room lists them (opening closed ones),
+            instead of going straight to where the game put it; once it has seen one it plans as
+            usual. Its demonstrations use only what the agent can read, so a policy can imitate them;
+            the hindsight plan and turn labels stay the planner's. Off by default. Meant for small
+            rooms: in a full kitchen (50 receptacles) a search can outlast the turn limit.
         turn_labels: label every turn by the change in the expert's remaining plan length, in
             `hindsight().details["turn_labels"]` (see the module docstring; off by default).
         max_turns, allow_bare_action, render_mode: see `TextEnv`.
@@ -152,6 +160,7 @@ class AlfWorldEnv(TextEnv):
         admissible_in_observation: bool = False,
         normalize_commands: bool = True,
         progress: bool = True,
+        expert_searches: bool = False,
         turn_labels: bool = False,
         max_turns: int | None = None,
         allow_bare_action: bool | None = None,
@@ -175,6 +184,8 @@ class AlfWorldEnv(TextEnv):
         self.reward_scale = float(reward_scale)
         self.admissible_in_observation = bool(admissible_in_observation)
         self.normalize_commands = bool(normalize_commands)
+        self.expert_searches = bool(expert_searches)
+        self._search = _Search([])
         self.instructions = INSTRUCTIONS.format(max_turns=self.max_turns)
         if mix != "uniform" and set(self.task_types) != set(TASK_TYPES):
             raise ValueError(f"mix={mix!r} shares games out over all six task types; use it with ALFWorld-All-v0")
@@ -232,6 +243,8 @@ class AlfWorldEnv(TextEnv):
         match = _TASK_LINE.search(intro)
         self.goal = match.group(1).strip() if match else ""
         self._plans = {}
+        listed = _ROOM_LIST.search(intro)
+        self._search = _Search(_NAMED.findall(listed.group(1)) if listed else [])
         if game.key not in _START_PLANS:
             _START_PLANS[game.key] = self._expert_plan()
         return self._observe(intro)
@@ -241,6 +254,7 @@ class AlfWorldEnv(TextEnv):
         if not self.engine.command_for(command):
             return Transition(self._observe(NOTHING_HAPPENS), 0.0, False, admissible=False, info={"won": False})
         feedback = self.engine.step(command)
+        self._search.saw(command, feedback)
         won = self.engine.won
         return Transition(
             self._observe(feedback),
@@ -264,6 +278,8 @@ class AlfWorldEnv(TextEnv):
         commands = self._expert_plan()
         if not commands:
             return None
+        if self.expert_searches:
+            return self.format_action(self._search.next_command(commands, self.engine.admissible_commands))
         return self.format_action(commands[0])
 
     def hindsight(self) -> Hindsight:
@@ -344,3 +360,45 @@ class AlfWorldEnv(TextEnv):
     @property
     def game_file(self) -> Path | None:
         return self.entry.game_file if self.entry else None
+
+
+class _Search:
+    """What the agent has read in this episode, for the searching expert (`expert_searches=True`):
+    the receptacles in the order the first observation lists them, those it went to, where it is,
+    whether that receptacle is closed, and every "a/an/some <name> <n>" an observation showed."""
+
+    def __init__(self, receptacles: list[str]) -> None:
+        self.order = list(dict.fromkeys(receptacles))
+        self.visited: set[str] = set()
+        self.here: str | None = None
+        self.closed_here = False
+        self.seen: set[str] = set()
+
+    def saw(self, command: str, feedback: str) -> None:
+        """Record an admissible command and the observation it gave."""
+        if command.startswith("go to "):
+            self.here = command[len("go to "):]
+            self.visited.add(self.here)
+            self.closed_here = "is closed" in feedback
+        elif command.startswith("examine "):
+            self.visited.add(command[len("examine "):])
+        elif self.here is not None and command == f"open {self.here}":
+            self.closed_here = False
+        self.seen.update(name.rsplit(" ", 1)[0] for name in _NAMED.findall(feedback))
+
+    def next_command(self, plan: list[str], admissible: Sequence[str]) -> str:
+        """The planner's next command, unless it heads for an object of a kind no observation has
+        shown yet: then open the receptacle here if it is closed, else go to the next unvisited one
+        (or examine it when it stands where the agent is, so that `go to` it is not admissible)."""
+        target = next((c.split(" ", 1)[1].split(" from ", 1)[0] for c in plan if c.startswith("take ")), None)
+        if target is None or target.rsplit(" ", 1)[0] in self.seen:
+            return plan[0]
+        if self.closed_here and self.here is not None and f"open {self.here}" in admissible:
+            return f"open {self.here}"
+        for receptacle in self.order:
+            if receptacle in self.visited or receptacle == self.here:
+                continue
+            for command in (f"go to {receptacle}", f"examine {receptacle}"):
+                if command in admissible:
+                    return command
+        return plan[0]  # nothing left to look at: the planner knows where it is
