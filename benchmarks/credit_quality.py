@@ -2,10 +2,13 @@
 
     .venv/bin/python benchmarks/credit_quality.py                 # ALFWorld Pick, small rooms, literate warm start
     .venv/bin/python benchmarks/credit_quality.py --warm-start plain
+    .venv/bin/python benchmarks/credit_quality.py --train-games 200  # the learning benchmark's 200 games
 
 
-1. A warm start (cached under OUT/warmstart-<kind>): a tiny Qwen3 fine-tuned on the env's expert with
-   random detours, as the learning benchmark does. `--warm-start plain` imitates the expert's turns
+1. A warm start (cached under OUT/warmstart-<kind>-<N>games): a tiny Qwen3 fine-tuned on the env's
+   expert with random detours, as the learning benchmark does, on `--train-games` Pick games (1,000 by
+   default: on 200 a tiny model memorises the games, benchmarks/warm_start.py, and the scored
+   episodes below are played on them). `--warm-start plain` imitates the expert's turns
    only; `literate` also teaches the model the privileged contexts its teacher will read (the
    hindsight block before an action, with the expert's correction as the target after a detour;
    AgentOPSD's skill note), on a share of the episodes (`--literate-share`).
@@ -57,11 +60,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sft-epochs", type=int, default=5)
     ap.add_argument("--tiny-hidden", type=int, default=128)
     ap.add_argument("--tiny-layers", type=int, default=2)
+    ap.add_argument("--train-games", type=int, default=1000,
+                    help="Pick training games, a panel of Pick games only: the warm start's and the scored episodes' "
+                    "games (benchmarks/warm_start.py: a tiny model memorises 200 games, not 1,000)")
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/credit_quality")
     ap.add_argument("--quick", action="store_true", help="16 tasks x 4, 300 warm-start episodes, 300 bootstrap draws")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.train_games < 1:
+        ap.error(f"--train-games must be >= 1, got {args.train_games}")
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,11 +177,11 @@ def main(argv=None) -> int:
     agentgym_opsd.load_plugins()
     started = time.perf_counter()
     out = Path(args.out)
-    env_options = {"room": "small", "split": "train", "max_turns": args.max_turns,
-                   "panel_size": {"train": 200, "valid_seen": 300, "valid_unseen": 10}, "progress": False}
+    env_options = {"room": "small", "split": "train", "max_turns": args.max_turns, "panel_own_types": True,
+                   "panel_size": {"train": args.train_games, "valid_seen": 0, "valid_unseen": 0}, "progress": False}
 
     # 1. the warm start (cached)
-    warm = out / f"warmstart-{args.warm_start}"
+    warm = out / f"warmstart-{args.warm_start}-{args.train_games}games"
     if not (warm / "model" / "config.json").exists():
         literate = {"sft_privileged": args.literate_share} if args.warm_start == "literate" else {}
         config = TrainConfig(
