@@ -44,9 +44,10 @@ subsets and Search-QA are tasks they never saw). The training curves show the re
 (`credit/reward_mean`, with the penalties for invalid turns) beside the env's own (`train/reward`).
 
 The real figures: `python benchmarks/learning.py` (held-out success on ALFWorld Pick after a warm start \
-and 20 updates per method, same seeds and budget; the README's Benchmarks table) and \
+and 20 updates per method, same seeds and budget; the README's Benchmarks table), \
 `python benchmarks/credit_quality.py` (how well each method's per-turn credit singles out the turns \
-that decided an episode; being added)."""
+that decided an episode) and `python benchmarks/warm_start.py` (why a tiny policy wins so few held-out \
+games: on a few hundred games it memorises them)."""
 
 
 @dataclass(frozen=True)
