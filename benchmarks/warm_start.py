@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     import agentgym_opsd
     from agentgym_opsd.io import atomic_write_json
     from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-    from agentgym_opsd.summary import summarize, wilson_interval
+    from agentgym_opsd.summary import summarize
     from learning import twin_free_seeds
     from trainer.config import TrainConfig, TrainError
     from trainer.local import LocalTrainer
@@ -116,11 +116,10 @@ def main(argv=None) -> int:
         make_env = lambda split=split: agentgym_opsd.make(ENV, **{**env_options, "split": split})  # noqa: E731
         episodes = run_episodes(make_env, agent, requests, num_envs=min(64, len(requests)), context="full",
                                 progress=label if args.progress else False)
-        summary = summarize(episodes, env_id=ENV, agent="warm start")
-        wins = sum(e.success for e in episodes)
-        low, high = wilson_interval(wins, len(episodes))
-        results[label] = {"split": split, "games": len(episodes), "wins": wins, "success": wins / len(episodes),
-                          "ci95": [low, high], "invalid_rate": summary["invalid_rate"], "seeds": seeds}
+        summary = summarize(episodes, env_id=ENV, agent="warm start")  # success with its Wilson interval
+        results[label] = {"split": split, "games": len(episodes), "wins": sum(e.success for e in episodes),
+                          "success": summary["success_rate"], "ci95": list(summary["success_ci95"]),
+                          "invalid_rate": summary["invalid_rate"], "seeds": seeds}
 
     wall = time.perf_counter() - started
     print(f"warm start: {'model ' + str(model_dir) if args.model else f'{args.sft_episodes} x {args.sft_epochs} SFT'}, "

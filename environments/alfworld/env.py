@@ -185,7 +185,7 @@ class AlfWorldEnv(TextEnv):
         self.admissible_in_observation = bool(admissible_in_observation)
         self.normalize_commands = bool(normalize_commands)
         self.expert_searches = bool(expert_searches)
-        self._search = _Search([])
+        self._search: _Search | None = None  # what the agent has read, kept only for the searching expert
         self.instructions = INSTRUCTIONS.format(max_turns=self.max_turns)
         if mix != "uniform" and set(self.task_types) != set(TASK_TYPES):
             raise ValueError(f"mix={mix!r} shares games out over all six task types; use it with ALFWorld-All-v0")
@@ -243,8 +243,9 @@ class AlfWorldEnv(TextEnv):
         match = _TASK_LINE.search(intro)
         self.goal = match.group(1).strip() if match else ""
         self._plans = {}
-        listed = _ROOM_LIST.search(intro)
-        self._search = _Search(_NAMED.findall(listed.group(1)) if listed else [])
+        if self.expert_searches:
+            listed = _ROOM_LIST.search(intro)
+            self._search = _Search(_NAMED.findall(listed.group(1)) if listed else [])
         if game.key not in _START_PLANS:
             _START_PLANS[game.key] = self._expert_plan()
         return self._observe(intro)
@@ -254,7 +255,8 @@ class AlfWorldEnv(TextEnv):
         if not self.engine.command_for(command):
             return Transition(self._observe(NOTHING_HAPPENS), 0.0, False, admissible=False, info={"won": False})
         feedback = self.engine.step(command)
-        self._search.saw(command, feedback)
+        if self._search is not None:
+            self._search.saw(command, feedback)
         won = self.engine.won
         return Transition(
             self._observe(feedback),
@@ -278,7 +280,7 @@ class AlfWorldEnv(TextEnv):
         commands = self._expert_plan()
         if not commands:
             return None
-        if self.expert_searches:
+        if self._search is not None:
             return self.format_action(self._search.next_command(commands, self.engine.admissible_commands))
         return self.format_action(commands[0])
 

@@ -240,3 +240,5 @@ def test_a_panel_of_some_types_holds_the_six_type_panels_games_of_those_types(tm
         PanelSpec.make(task_types=["pick"])  # the full names
     with pytest.raises(ValueError, match="mix="):
         PanelSpec.make(mix="alfworld", task_types=["pick_and_place_simple"])
+    with pytest.raises(ValueError, match="panel_own_types shapes the embedded panel"):
+        make_env(source="alfworld", data_dir=str(tmp_path), panel_own_types=True)
