@@ -391,7 +391,9 @@ class LocalTrainer:
                 positions = positions.to(device)
             else:
                 attention = valid.to(torch.long).to(device)
-            lp = token_logprobs(self.model, ids.to(device), attention, mask.to(device), position_ids=positions)
+            # Plain rows share their start (instructions, first observation): it runs once per batch.
+            lp = token_logprobs(self.model, ids.to(device), attention, mask.to(device), position_ids=positions,
+                                share_prefix=positions is None)
             n = mask.sum().clamp(min=1)
             loss = -(lp * mask.to(device)).sum() / n.to(device)
             self.optimizer.zero_grad(set_to_none=True)
@@ -560,7 +562,8 @@ class LocalTrainer:
                     adv = advantages[idx, :width].to(self.model.device, torch.float32)
                     mask = mb["generated"]
                     new, entropy = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mask,
-                                                  temperature=self._train_temperature(), with_entropy=True)
+                                                  temperature=self._train_temperature(), with_entropy=True,
+                                                  share_prefix=True)
                     pg, clipped, ratio = clipped_pg_loss(new, old, adv, mask, cfg.clip_eps)
                     loss = pg / n_tokens
                     if ref_logp is not None:
@@ -598,7 +601,7 @@ class LocalTrainer:
                 mb = self._slice(rows, index)
                 width = mb["input_ids"].shape[1]
                 new = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mb["generated"],
-                                     temperature=self._train_temperature())
+                                     temperature=self._train_temperature(), share_prefix=True)
                 old = old_logp[torch.tensor(index), :width].to(new.device)
                 kl_num += float((kl_k3(old, new) * mb["generated"]).sum())  # samples come from old
                 kl_den += float(mb["generated"].sum())

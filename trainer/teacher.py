@@ -1001,8 +1001,9 @@ def row_logprobs(
     """The model's log-probs of the rows' own tokens ([R, T] float32, 0 outside `mask`; no grad).
 
     `mask` defaults to the generated tokens (turn_id >= 0): the student's lp_S (old log-probs) for
-    the credit core and the update. The same scoring function as the teacher's (`score_sequences`),
-    at the same temperature.
+    the credit core and the update. The same scoring function as the teacher's prefix strategy
+    (`score_sequences_with_shared_prefix`, the prefix every row starts with run once), at the same
+    temperature.
     """
     device = rows.input_ids.device
     rows = rows.to("cpu")
@@ -1021,9 +1022,10 @@ def row_logprobs(
     was_training = model.training
     model.eval()
     try:
-        scores, _ = score_sequences(
-            model, sequences, pad_token_id=rows.pad_token_id, micro_batch_tokens=micro_batch_tokens,
-            temperature=temperature, progress=progress,
+        # The rows' common start (the instructions, the first observation's opening) runs once.
+        scores, _ = score_sequences_with_shared_prefix(
+            model, sequences, [0] * len(sequences), pad_token_id=rows.pad_token_id,
+            micro_batch_tokens=micro_batch_tokens, temperature=temperature, progress=progress,
         )
     finally:
         model.train(was_training)

@@ -14,6 +14,7 @@ from trainer.policy import (
     build_tiny_model,
     load_policy,
     parameter_count,
+    shared_prefix_length,
     token_logprobs,
     train_tokenizer,
 )
@@ -98,6 +99,42 @@ def test_token_logprobs_match_full_logits(tiny) -> None:
     assert torch.allclose(got, want, atol=1e-5)
     assert (got[~score] == 0).all() and (got[score] < 0).all()
     assert token_logprobs(model, ids, mask, score).requires_grad
+
+
+def test_a_shared_prefix_runs_once_with_the_same_logprobs_and_gradients(tiny, expert_episodes) -> None:
+    from trainer.rows import build_rows
+
+    model, tok = tiny
+    rows = build_rows(expert_episodes[:6], tok, context="window:1")  # one row per turn: a long common start
+    ids, mask, score = rows.input_ids, rows.attention_mask, rows.turn_id >= 0
+    C = shared_prefix_length(ids, mask.bool(), score)
+    first_scored = int(score.nonzero()[:, 1].min())
+    assert C >= 16 and (ids[:, :C] == ids[:1, :C]).all()
+    assert C == first_scored - 1 or not (ids[:, C] == ids[0, C]).all()  # as long as it can be
+    seen = []
+    hook = model.get_decoder().layers[0].register_forward_hook(
+        lambda m, a, k, out: seen.append((a[0] if a else k["hidden_states"]).shape[:2]), with_kwargs=True)
+    try:
+        grads = []
+        for share in (False, True):
+            model.zero_grad()
+            lp = token_logprobs(model, ids, mask, score, with_entropy=True, share_prefix=share)
+            (lp[0].sum() - 0.5 * lp[0][:, ::2].sum()).backward()  # a loss that weighs tokens unevenly
+            grads.append(([p.grad.clone() for p in model.parameters()], lp))
+    finally:
+        hook.remove()
+    (g0, (lp0, ent0)), (g1, (lp1, ent1)) = grads
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(ent0, ent1, atol=1e-5)
+    assert ((lp1 != 0) == score).all()
+    for a, b in zip(g0, g1, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    R, T = ids.shape
+    # without sharing: one forward of every row whole; with: the prefix once, then the rows after it
+    assert seen == [torch.Size([R, T]), torch.Size([1, C]), torch.Size([R, T - C])]
+    # rows with nothing in common run as before
+    other = ids.clone()
+    other[1, 0] = (int(ids[0, 0]) + 1) % model.config.vocab_size
+    assert shared_prefix_length(other, mask.bool(), score) == 0
 
 
 def test_greedy_sampling_matches_generate_and_ignores_padding(tiny, expert_episodes) -> None:
