@@ -384,12 +384,15 @@ class HFPolicyAgent:
         kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
         if cache is not None:
             kwargs["past_key_values"] = cache
-        if prefill:  # logits of the last position only
-            try:
-                return self.model(**kwargs, logits_to_keep=1)
-            except TypeError:  # a model without logits_to_keep
-                pass
-        return self.model(**kwargs)
+        from trainer.teacher import _masked_attention  # SDPA with grouped key/value heads on the CPU
+
+        with _masked_attention(self.model):
+            if prefill:  # logits of the last position only
+                try:
+                    return self.model(**kwargs, logits_to_keep=1)
+                except TypeError:  # a model without logits_to_keep
+                    pass
+            return self.model(**kwargs)
 
     # -- bookkeeping ------------------------------------------------------------------------
 

@@ -565,8 +565,11 @@ def _sdpa_with_grouped_heads(module, query, key, value, attention_mask, dropout=
                 dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != query.shape[1],
             )
         return out.transpose(1, 2).contiguous(), None
+    # No mask: transformers left it out because it is plain causal (queries and keys aligned), or
+    # there is one query; as its own SDPA path does, causality then goes to the kernel.
+    causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
         enable_gqa=key.shape[1] != query.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None
@@ -585,8 +588,12 @@ def _masked_attention(model):
     if not _grouped_sdpa(model):
         return nullcontext()
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(_GROUPED_SDPA, _sdpa_with_grouped_heads)  # idempotent
+    # A 2-D padding mask (the sampler's) becomes SDPA's 4-D one, as for `sdpa`; without this entry
+    # transformers would pass no mask at all to an attention it does not know. 4-D masks pass as given.
+    AttentionMaskInterface.register(_GROUPED_SDPA, sdpa_mask)
     return _attention_implementation_set_to(model.config, _GROUPED_SDPA)
 
 
