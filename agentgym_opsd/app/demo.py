@@ -1,16 +1,18 @@
 """`agentgym-opsd demo` (`make demo`): the main job, on the embedded defaults only (no downloads).
 
-1. Generate the ALFWorld panel (small rooms; train and valid_seen games of all six task types).
+1. Generate the ALFWorld panels (small rooms): the training games and the held-out games of the
+   Pick subset (floor plans the training never saw), and a few valid_seen games of each task type.
 2. Build the built-in Search-QA index (synthetic corpus) and start its retrieval server on loopback.
-3. Warm-start a tiny Qwen3 (its tokenizer trained on the env's text) on expert episodes, then train
-   it further with GRPO and with StepOPSD side by side on one ALFWorld subset (same start, seeds and
-   budget). The trainer records each update's per-turn credit for the report (`credit.jsonl`): the
-   demo computes no credit of its own.
+3. Warm-start a tiny Qwen3 (its tokenizer trained on the env's text) on expert episodes of the
+   Pick training games, then train it further with GRPO and with StepOPSD side by side (same start,
+   seeds and budget). The trainer records each update's per-turn credit for the report
+   (`credit.jsonl`): the demo computes no credit of its own.
 4. Benchmark expert, random and the three tiny policies (the warm start, and the models GRPO and
-   StepOPSD trained from it) on the six ALFWorld subsets and on Search-QA.
+   StepOPSD trained from it) on the held-out Pick games (enough of them for a success interval that
+   means something), on the six ALFWorld subsets and on Search-QA.
 5. Write one HTML report (tables, charts, training curves, trajectories with their credit) and say
-   where it is; its header says what the tiny policies are (a smoke-sized run) and where the real
-   figures are (`about.txt`).
+   where it is; its header says what the tiny policies are, what their held-out row shows and where
+   the real figures are (`about.txt`).
 
 Everything goes under `--out` (default runs/demo), caches included, so a fresh clone generates all
 of it; a second run reuses what is there. One progress bar follows the stages; each stage shows its
@@ -34,13 +36,16 @@ SEARCHQA_ENV = "agentgym/SearchQA-Synthetic-v0"
 POLICIES = {"warmstart": "warm start", "training/grpo": "grpo", "training/stepopsd": "stepopsd"}
 
 ABOUT = """\
-A smoke-sized run: every stage of the main job, end to end, in minutes on a CPU. The tiny policies are a \
+A small run of the whole job, end to end, in minutes on a CPU. The tiny policies are a \
 {params} randomly initialised Qwen3 ({layers} layers, hidden {hidden}, a {vocab}-token BPE trained on the env's text), \
-warm-started on {sft} ALFWorld Pick expert episodes (`warm start`), then trained for {steps} updates of \
-{tasks} tasks x {group} episodes with GRPO (`grpo`) and with StepOPSD (`stepopsd`) from that start. \
-A policy this small and this briefly trained is not expected to win episodes: their rows and curves show \
-the machinery working, not what the methods achieve. They were trained on ALFWorld Pick only (the other \
-subsets and Search-QA are tasks they never saw). The training curves show the reward the update used \
+warm-started on {sft} expert episodes x {epochs} epochs over {train_games} ALFWorld Pick games (`warm start`), then \
+trained for {steps} updates of {tasks} tasks x {group} episodes with GRPO (`grpo`) and with StepOPSD (`stepopsd`) \
+from that start. The row that shows whether they learned is Pick on valid_unseen: {held_out} games on floor plans \
+the training never saw, one greedy episode each, with a 95% interval and a one-sided Fisher test against the \
+random agent. This run: {held_out_results}. \
+Expect a few wins in a hundred and GRPO and StepOPSD within each other's intervals: {steps} updates are too \
+few to tell the methods apart, which is what benchmarks/learning.py is for. They were trained on Pick only: \
+the other subsets and Search-QA are tasks they never saw. The training curves show the reward the update used \
 (`credit/reward_mean`, with the penalties for invalid turns) beside the env's own (`train/reward`).
 
 The real figures: `python benchmarks/learning.py` (held-out success on ALFWorld Pick after a warm start \
@@ -54,27 +59,43 @@ games: on a few hundred games it memorises them)."""
 class DemoSettings:
     """The demo's sizes (`quick` shrinks them for a smoke test)."""
 
-    panel_train: int = 16  # ALFWorld games per task type, train split (the trainer's tasks)
-    panel_eval: int = 5  # per task type, valid_seen split (the benchmark's tasks and the held-out panel)
-    max_turns: int = 15  # ALFWorld turns before truncation (the small rooms' expert needs 3-12)
+    # What makes the tiny policy win games it never saw (benchmarks/warm_start.py, learning.py): a
+    # few hundred training games rather than a few dozen (on 16 it memorises them and wins none
+    # elsewhere), ~10,000 expert episode-passes with random detours (so it sees corrections), the full
+    # chat as context, hidden 128.
+    train_games: int = 200  # ALFWorld Pick games, train split (the trainer's tasks)
+    held_out: int = 200  # Pick games on unseen floor plans (valid_unseen): the benchmark's held-out row (at a few
+    # percent, 100 games leave the interval touching 0 and the gap to random untestable)
+    panel_eval: int = 5  # per task type, valid_seen split (the benchmark's six subsets)
+    max_turns: int = 12  # ALFWorld turns before truncation (the small rooms' expert needs 3-12)
     searchqa_episodes: int = 12
-    sft_episodes: int = 96
-    sft_epochs: int = 6
+    sft_episodes: int = 1500
+    sft_epochs: int = 7
+    sft_noise: float = 0.25  # the expert's chance of a random detour (then it corrects course)
+    sft_lr: float = 3e-3
+    tiny_hidden: int = 128
     steps: int = 4
-    tasks_per_step: int = 2
-    group_size: int = 4
+    tasks_per_step: int = 4
+    group_size: int = 8
+    lr: float = 1e-3
     max_new_tokens: int = 24
-    eval_episodes: int = 5  # the held-out panel: every valid_seen Pick game once (greedy: a replay adds nothing)
+    eval_episodes: int = 10  # the trainer's own check at the end, on the first held-out games
     vocab_size: int = 1024
+    context: str = "full"
+    # Torch threads of the warm start and the RL runs: their batches are large enough for two (the
+    # benchmark's policies keep one: a decoding step's products are small).
+    train_threads: int = 2
     # The benchmark's envs run in this process, 8 at a time: their steps cost less than a worker's
     # round trip, and the policies then write 8 turns per decoding batch instead of one per worker
     # (with 2 workers the stage took 277 s against 41 s, median wall of 2 runs each, here).
     workers: int = 0
+    bench_envs: int = 32  # envs stepped together: the policies decode that many turns per batch
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        return cls(panel_train=2, panel_eval=1, max_turns=8, searchqa_episodes=3, sft_episodes=8, sft_epochs=1, steps=1,
-                   tasks_per_step=1, group_size=2, max_new_tokens=12, eval_episodes=1, vocab_size=512)
+        return cls(train_games=2, held_out=2, panel_eval=1, max_turns=8, searchqa_episodes=3, sft_episodes=8, sft_epochs=1,
+                   tiny_hidden=64, steps=1, tasks_per_step=1, group_size=2, max_new_tokens=12, eval_episodes=1,
+                   vocab_size=512)
 
 
 class _Stages:
@@ -125,14 +146,21 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
         raise EnvUnavailable(f"the demo needs the {', '.join(sorted(missing))} envs, which are not installed here (pip install -e .)")
     stages = _Stages(["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD", "benchmark", "report"])
     cache = out / "cache"
-    sizes = {"train": settings.panel_train, "valid_seen": settings.panel_eval, "valid_unseen": 0}
+    # Two panels: Pick only (the training games and the held-out ones), and all six types (a few
+    # valid_seen games each, for the benchmark's subsets).
+    sizes = {"train": 0, "valid_seen": settings.panel_eval, "valid_unseen": 0}
+    pick_sizes = {"train": settings.train_games, "valid_seen": 0, "valid_unseen": settings.held_out}
     alfworld = {"room": "small", "panel_size": sizes, "cache_dir": str(cache / "alfworld"), "max_turns": settings.max_turns,
                 "progress": False}
+    pick = {**alfworld, "panel_size": pick_sizes, "panel_own_types": True}
     try:
         stages.start("ALFWorld panel")
+        from environments.alfworld.expert import SUBSETS
         from environments.alfworld.panel import PanelSpec, ensure_panel
 
         ensure_panel(PanelSpec.make(seed=0, room="small", sizes=sizes), cache / "alfworld", progress=progress)
+        ensure_panel(PanelSpec.make(seed=0, room="small", sizes=pick_sizes, task_types=[SUBSETS["pick"]]), cache / "alfworld",
+                     progress=progress)
         stages.done()
 
         stages.start("Search-QA index and server")
@@ -141,8 +169,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
         server = serve_synthetic(cache / "searchqa")
         stages.done()
         try:
-            models = _train(out, alfworld, settings, stages, progress)
-            _write_about(out, settings, models["warm start"])
+            models = _train(out, pick, settings, stages, progress)
             stages.start("benchmark")
             # Greedy, at the per-turn cap the policies were trained with; a turn ends at </action>.
             policies = [{"name": name, "agent": f"hf:{model}?temperature=0&max_new_tokens={settings.max_new_tokens}&device=cpu"}
@@ -153,8 +180,10 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
                     "agents": ["expert", "random", *policies],
                     "seeds": [0],
                     "workers": settings.workers,
-                    "context": "window:2",
+                    "num_envs": settings.bench_envs,
+                    "context": settings.context,
                     "envs": [
+                        {"id": TRAIN_ENV, "splits": ["valid_unseen"], "episodes": settings.held_out, "options": pick},
                         {"family": "ALFWorld", "splits": ["valid_seen"], "episodes": settings.panel_eval, "options": alfworld},
                         {"id": SEARCHQA_ENV, "splits": ["test"], "episodes": settings.searchqa_episodes,
                          "options": {"server_url": server.url}},
@@ -166,6 +195,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
             stages.done()
         finally:
             server.stop()
+        _write_about(out, settings, models["warm start"])
         stages.start("report")
         report = write_report(out)
         stages.done()
@@ -182,8 +212,19 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
 # Training: one warm start, then GRPO and StepOPSD from it.
 
 
+def _fisher_greater(wins: int, n: int, other_wins: int, other_n: int) -> float:
+    """One-sided Fisher exact test: the chance, if both agents won at the same rate, that the first
+    would win `wins` or more of its `n` games given the `wins + other_wins` wins of both."""
+    from math import comb
+
+    total, all_wins = n + other_n, wins + other_wins
+    return sum(comb(all_wins, x) * comb(total - all_wins, n - x) for x in range(wins, min(n, all_wins) + 1)) / comb(total, n)
+
+
 def _write_about(out: Path, settings: DemoSettings, model: Path) -> None:
-    """`about.txt`: what this run is, for the report's header."""
+    """`about.txt`: what this run is and what its held-out row shows, for the report's header."""
+    import json
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -192,10 +233,23 @@ def _write_about(out: Path, settings: DemoSettings, model: Path) -> None:
     config = AutoConfig.from_pretrained(model)
     with torch.device("meta"):  # the architecture only: no weights are read
         count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    rows = {r["agent"]: r for r in json.loads((out / "results.json").read_text(encoding="utf-8"))["results"]
+            if r["env_id"] == TRAIN_ENV and r["split"] == "valid_unseen"}
+    held_out = []
+    wins = {name: (round(r["success_rate"] * r["episodes"]), r["episodes"]) for name, r in rows.items()}
+    for name in ("random", *POLICIES.values()):
+        if name in rows:
+            r = rows[name]
+            low, high = (100 * x for x in r["success_ci95"])
+            against = f"; more than random: p = {_fisher_greater(*wins[name], *wins['random']):.2g}" \
+                if name != "random" and "random" in wins else ""
+            held_out.append(f"{name} {wins[name][0]}/{r['episodes']} ({100 * r['success_rate']:.1f}% [{low:.1f}, {high:.1f}], "
+                            f"{100 * r['invalid_rate']:.0f}% invalid turns{against})")
     atomic_write_text(out / "about.txt", ABOUT.format(
         params=f"{count / 1e6:.2f}M-parameter", layers=config.num_hidden_layers, hidden=config.hidden_size,
-        vocab=config.vocab_size, sft=settings.sft_episodes, steps=settings.steps,
-        tasks=settings.tasks_per_step, group=settings.group_size,
+        vocab=config.vocab_size, sft=settings.sft_episodes, epochs=settings.sft_epochs, train_games=settings.train_games,
+        steps=settings.steps, tasks=settings.tasks_per_step, group=settings.group_size, held_out=settings.held_out,
+        held_out_results="; ".join(held_out) or "no held-out row",
     ) + "\n")
 
 
@@ -205,8 +259,8 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
     from trainer.local import LocalTrainer, TrainConfig
 
     common = dict(
-        env_id=TRAIN_ENV, env_options={**alfworld, "split": "train"}, eval_env_options={"split": "valid_seen"},
-        context="window:2", seed=0, eval_episodes=settings.eval_episodes, eval_seed=0, eval_temperature=0.0,
+        env_id=TRAIN_ENV, env_options={**alfworld, "split": "train"}, eval_env_options={"split": "valid_unseen"},
+        context=settings.context, seed=0, eval_episodes=settings.eval_episodes, eval_seed=0, eval_temperature=0.0,
         max_new_tokens=settings.max_new_tokens, device="cpu",
     )
     stages.start("warm start")
@@ -215,7 +269,9 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
         shutil.rmtree(warm, ignore_errors=True)  # what an interrupted demo left
         config = TrainConfig(
             out=str(warm), method="grpo", model="tiny", tokenizer="trained", vocab_size=settings.vocab_size,
-            sft_episodes=settings.sft_episodes, sft_epochs=settings.sft_epochs, steps=0, save_every=0, **common,
+            tiny_hidden=settings.tiny_hidden, sft_episodes=settings.sft_episodes, sft_epochs=settings.sft_epochs,
+            sft_noise=settings.sft_noise, sft_lr=settings.sft_lr, steps=0, save_every=0, cpu_threads=settings.train_threads,
+            **common,
         )
         LocalTrainer(config, progress=progress).run()
     stages.done()
@@ -226,8 +282,8 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
             shutil.rmtree(run_dir, ignore_errors=True)
             config = TrainConfig(
                 out=str(run_dir), method=method, model=str(warm / "model"), steps=settings.steps,
-                tasks_per_step=settings.tasks_per_step, group_size=settings.group_size, eval_every=settings.steps,
-                save_every=0, **common,
+                tasks_per_step=settings.tasks_per_step, group_size=settings.group_size, lr=settings.lr,
+                eval_every=settings.steps, save_every=0, cpu_threads=settings.train_threads, **common,
             )
             trainer = LocalTrainer(config, progress=progress)  # it writes each update's credit (credit.jsonl)
             trainer.run()

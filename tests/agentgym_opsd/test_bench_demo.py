@@ -9,7 +9,7 @@ from agentgym_opsd.episode import load_episodes
 
 
 def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
-    from agentgym_opsd.app.demo import run_demo
+    from agentgym_opsd.app.demo import DemoSettings, run_demo
 
     out = tmp_path / "demo"
     report = run_demo(out, quick=True, progress=False)
@@ -17,16 +17,19 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     assert f"report: {report}" in capsys.readouterr().out
 
     # Benchmark: expert, random and the three tiny policies (the warm start and the model each RL
-    # method produced) on the six ALFWorld subsets and on Search-QA.
+    # method produced) on the held-out Pick games (unseen floor plans), the six ALFWorld subsets and
+    # Search-QA.
     results = json.loads((out / "results.json").read_text())["results"]
-    cells = {(r["agent"], r["subset"]): r for r in results}
-    subsets = {"pick", "look", "clean", "heat", "cool", "picktwo", "synthetic"}
+    cells = {(r["agent"], r["subset"], r["split"]): r for r in results}
+    subsets = {("pick", "valid_unseen"), ("synthetic", "test")} | {
+        (s, "valid_seen") for s in ("pick", "look", "clean", "heat", "cool", "picktwo")}
     policies = {"warm start": out / "warmstart" / "model", "grpo": out / "training" / "grpo" / "model",
                 "stepopsd": out / "training" / "stepopsd" / "model"}
-    assert set(cells) == {(a, s) for a in ("expert", "random", *policies) for s in subsets}
-    assert cells[("expert", "synthetic")]["success_rate"] == 1.0
-    expert = sum(cells[("expert", s)]["success_rate"] for s in subsets) / len(subsets)
-    chance = sum(cells[("random", s)]["success_rate"] for s in subsets) / len(subsets)
+    assert set(cells) == {(a, *s) for a in ("expert", "random", *policies) for s in subsets}
+    assert cells[("expert", "synthetic", "test")]["success_rate"] == 1.0
+    assert cells[("expert", "pick", "valid_unseen")]["episodes"] == DemoSettings.quick().held_out
+    expert = sum(cells[("expert", *s)]["success_rate"] for s in subsets) / len(subsets)
+    chance = sum(cells[("random", *s)]["success_rate"] for s in subsets) / len(subsets)
     assert expert > 0.5 and expert > chance
     assert all(r["errors"] == 0 for r in results)
     episodes = load_episodes(out / "episodes.jsonl")
@@ -35,13 +38,19 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
         name: f"hf:{model}" for name, model in policies.items()
     }
     for name in policies:
-        assert sum(1 for e in episodes if e.agent == name) == 6 + 3  # one per ALFWorld subset, three Search-QA
+        # the held-out Pick games, one per ALFWorld subset, three Search-QA
+        assert sum(1 for e in episodes if e.agent == name) == DemoSettings.quick().held_out + 6 + 3
     for method in ("grpo", "stepopsd"):  # each RL run started from the warm start and saved its own model
         run = json.loads((out / "training" / method / "config.json").read_text())
         assert run["model"] == str(policies["warm start"]) and run["method"] == method
 
-    # Training: GRPO and StepOPSD from one warm start; each trainer recorded the credit its updates used.
+    # Training: GRPO and StepOPSD from one warm start, on the Pick training games (not the held-out
+    # ones); each trainer recorded the credit its updates used.
     for method in ("grpo", "stepopsd"):
+        trained_on = {e.task_id for f in (out / "training" / method / "episodes").glob("update_*.jsonl") for e in load_episodes(f)}
+        assert trained_on and all(t.startswith("train/") for t in trained_on)
+        held_out = {e.task_id for e in episodes if e.env_id.endswith("Pick-v0") and e.task_id.startswith("valid_unseen")}
+        assert held_out and not trained_on & held_out
         rows = [json.loads(line) for line in (out / "training" / method / "metrics.jsonl").read_text().splitlines()]
         updates = {r["step"] for r in rows if r.get("kind") == "train"}
         assert updates
@@ -53,8 +62,12 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     page = report.read_text()
     # The header says what the tiny policies are and where the real figures are.
     about = (out / "about.txt").read_text()
-    assert "smoke-sized" in about and "benchmarks/learning.py" in about and "benchmarks/credit_quality.py" in about
-    assert '<p class="about">A smoke-sized run' in page and "<code>python benchmarks/learning.py</code>" in page
+    assert "valid_unseen" in about and "benchmarks/learning.py" in about and "benchmarks/credit_quality.py" in about
+    # ... and what the held-out row shows, read from this run's results
+    for name in ("random", *policies):
+        r = cells[(name, "pick", "valid_unseen")]
+        assert f"{name} {round(r['success_rate'] * r['episodes'])}/{r['episodes']} (" in about
+    assert '<p class="about">A small run of the whole job' in page and "<code>python benchmarks/learning.py</code>" in page
     # The training table and chart show the reward the update used beside the env's reward.
     assert "credit/reward_mean" in page and "train/reward" in page
     assert page.count("<h3>ALFWorld</h3>") == 1 and page.count("<h3>SearchQA</h3>") == 1
@@ -65,3 +78,13 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     assert trained and all(set(e["credit"]) == {"stepopsd"} for e in trained)
     timings = json.loads((out / "demo.json").read_text())["stage_seconds"]
     assert list(timings) == ["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD", "benchmark", "report"]
+
+
+def test_the_held_out_rows_test_against_random_is_fishers_exact_test():
+    from agentgym_opsd.app.demo import _fisher_greater
+
+    # 5 of 10 against 0 of 10: the 5 wins all falling to the first agent, C(15, 5) / C(20, 10)
+    assert abs(_fisher_greater(5, 10, 0, 10) - 3003 / 184756) < 1e-12
+    assert abs(_fisher_greater(2, 100, 0, 100) - 100 * 99 / (200 * 199)) < 1e-12
+    assert _fisher_greater(0, 100, 0, 100) == 1.0 and _fisher_greater(0, 5, 3, 5) == 1.0
+    assert _fisher_greater(3, 5, 0, 5) < _fisher_greater(2, 5, 0, 5) < _fisher_greater(2, 5, 1, 5)
