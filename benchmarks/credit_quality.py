@@ -27,6 +27,10 @@
      the tokens of a turn): it is judged at token level, and at turn level with the budget off.
    - the raw signals at turn level: the evidence e_k (teacher minus student log-prob over the turn's
      scored span) and the student's own log-prob of the span (what the model already knows);
+     and how much of e_k is only the privileged text flattening the model's distribution (lowering
+     the tokens it is sure of, raising the others): the correlation r of e_k with the student's
+     log-prob, and the AUC of what is left of e_k after the least-squares part b * lp_S is removed
+     (`... beyond lp_S`): the information the privileged text adds;
    - token level (StepOPSD, RLSD): inside the action, the tokens that agree with the expert's action
      at that state against those that depart from it: does sign(A) (w_t - 1) give the agreeing ones
      more credit, in successful and in failed episodes? And the raw gap delta_t, and lp_S.
@@ -222,6 +226,7 @@ def main(argv=None) -> int:
     from trainer.env_knowledge import credit_config
 
     results: dict[str, dict] = {}
+    confidence: dict[str, dict] = {}  # per evidence: r(e_k, lp_S) and the slope b, per outcome
     for name in METHODS:
         method = name.split("-")[0]
         overrides = {"teacher_mode": "live", "decay_steps": 0}
@@ -236,6 +241,7 @@ def main(argv=None) -> int:
         token_items = {"success": [], "failure": []}
         token_gap_items = {"success": [], "failure": []}
         token_student_items = {"success": [], "failure": []}
+        paired = {"success": [], "failure": []}  # per episode: (e_k, lp_S, progress) of turns with both
         for e, episode in enumerate(episodes):
             side = "success" if episode.success else "failure"
             K = episode.num_turns
@@ -277,6 +283,9 @@ def main(argv=None) -> int:
             keep = [i for i, v in enumerate(lp_sum) if v is not None]
             if keep:
                 student_items[side].append(([lp_sum[i] for i in keep], [prog[i] for i in keep]))
+            keep = [i for i in range(len(ev)) if ev[i] is not None and lp_sum[i] is not None]
+            if keep:
+                paired[side].append([(ev[i], lp_sum[i], prog[i]) for i in keep])
             if tok_scores:
                 token_items[side].append((tok_scores, tok_labels))
                 token_gap_items[side].append((tok_gap, tok_labels))
@@ -298,6 +307,17 @@ def main(argv=None) -> int:
                 if token_gap_items[side]:
                     raw[f"token/{side}"] = auc_with_interval(token_gap_items[side], args.bootstrap, rng)
             results[f"evidence ({kind})"] = raw
+            beyond, confidence[kind] = {}, {}
+            for side in ("success", "failure"):
+                flat = np.array([t[:2] for ep in paired[side] for t in ep], dtype=float).reshape(-1, 2)
+                if len(flat) < 3 or flat[:, 1].std() == 0:
+                    continue
+                r = float(np.corrcoef(flat[:, 0], flat[:, 1])[0, 1])
+                b = float(np.polyfit(flat[:, 1], flat[:, 0], 1)[0])  # e_k ~ a + b lp_S (a: no effect within episodes)
+                confidence[kind][side] = {"r": r, "b": b}
+                items = [([ev_ - b * lp for ev_, lp, _ in ep], [pr for _, _, pr in ep]) for ep in paired[side]]
+                beyond[f"turn/{side}/within"] = auc_with_interval(items, args.bootstrap, rng, strata=True)
+            results[f"{kind} beyond lp_S"] = beyond
         if name == "stepopsd":  # the student's own log-prob of the scored span
             results["student log-prob"] = {
                 **{f"turn/{s}/within": auc_with_interval(student_items[s], args.bootstrap, rng, strata=True) for s in ("success", "failure")},
@@ -320,12 +340,15 @@ def main(argv=None) -> int:
     lines = [header, f"{'':<22}" + "".join(f"{c:>24}" for c in columns)]
     for name, entry in results.items():
         lines.append(f"{name:<22}" + "".join(f"{cell(entry.get(c)):>24}" for c in columns))
+    for kind, sides in confidence.items():
+        lines.append(f"evidence ({kind}) against the student's log-prob of the span: " + "; ".join(
+            f"{side} r = {v['r']:+.2f}, slope {v['b']:+.2f}" for side, v in sides.items()))
     lines.append(f"warm start {warm_seconds:.0f}s; total {wall:.0f}s")
     table = "\n".join(lines)
     print(table)
     atomic_write_json(out / f"credit_quality-{args.warm_start}.json",
                       {"args": vars(args), "success": success, "progress_share": progress_share, "results": results,
-                       "wall_seconds": wall, "table": table})
+                       "confidence": confidence, "wall_seconds": wall, "table": table})
     return 0
 
 
