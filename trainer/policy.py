@@ -328,34 +328,39 @@ def token_logprobs(
             return _logprobs_after_shared_prefix(model, input_ids, score_mask, C, temperature=temperature,
                                                  chunk=chunk, with_entropy=with_entropy)
     rows, cols = torch.nonzero(score_mask[:, 1:], as_tuple=True)  # predicting token cols+1 from position cols
-    targets = input_ids[rows, cols + 1]
     decoder = _decoder(model)
     head = model.get_output_embeddings() if decoder is not None else None
     if decoder is not None and head is not None:
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
         picked = hidden[rows, cols]
-        pieces, entropies = [], []
-        for start in range(0, picked.shape[0], chunk):
-            logits = head(picked[start : start + chunk]).float() / temperature
-            logp = torch.log_softmax(logits, dim=-1)
-            pieces.append(logp.gather(-1, targets[start : start + chunk, None]).squeeze(-1))
-            if with_entropy:
-                entropies.append(-(logp.exp() * logp).sum(-1))
-        flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
-        flat_entropy = torch.cat(entropies) if entropies else hidden.new_zeros(0, dtype=torch.float32)
     else:  # a model without a separable head: full logits
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[rows, cols]
-        logits = logits.float() / temperature
+        head = None
+        picked = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[rows, cols]
+    return _scatter_logprobs(head, picked, input_ids, rows, cols, temperature=temperature, chunk=chunk,
+                             with_entropy=with_entropy)
+
+
+def _scatter_logprobs(head, picked: torch.Tensor, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, *,
+                      temperature: float, chunk: int, with_entropy: bool):
+    """`token_logprobs`'s output from the states that predict each scored token: `picked` [M, hidden]
+    through `head` (or logits when `head` is None), position (rows, cols) predicting token cols + 1;
+    [R, T] log-probs (and entropies), `chunk` positions per head call."""
+    targets = input_ids[rows, cols + 1]
+    pieces, entropies = [], []
+    for start in range(0, picked.shape[0], chunk):
+        part = picked[start : start + chunk]
+        logits = (head(part) if head is not None else part).float() / temperature
         logp = torch.log_softmax(logits, dim=-1)
-        flat = logp.gather(-1, targets[:, None]).squeeze(-1)
-        flat_entropy = -(logp.exp() * logp).sum(-1)
-    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    out = out.index_put((rows, cols + 1), flat)
+        pieces.append(logp.gather(-1, targets[start : start + chunk, None]).squeeze(-1))
+        if with_entropy:
+            entropies.append(-(logp.exp() * logp).sum(-1))
+    flat = torch.cat(pieces) if pieces else picked.new_zeros(0, dtype=torch.float32)
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device).index_put((rows, cols + 1), flat)
     if not with_entropy:
         return out
+    flat_entropy = torch.cat(entropies) if entropies else picked.new_zeros(0, dtype=torch.float32)
     ent = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    ent = ent.index_put((rows, cols + 1), flat_entropy.detach())
-    return out, ent
+    return out, ent.index_put((rows, cols + 1), flat_entropy.detach())
 
 
 # Below this many shared tokens the second forward costs more than it saves.
@@ -401,22 +406,8 @@ def _logprobs_after_shared_prefix(model, input_ids, score_mask, C: int, *, tempe
     dtype = next(model.parameters()).dtype
     states = _forward_after_cache(model, decoder, kv, input_ids[:, C:], positions, _prefix_then_causal(S, C, dtype))
     rows, cols = torch.nonzero(score_mask[:, 1:], as_tuple=True)  # predicting token cols+1 from position cols >= C
-    targets = input_ids[rows, cols + 1]
-    picked = states[rows, cols - C]
-    pieces, entropies = [], []
-    for start in range(0, picked.shape[0], chunk):
-        logits = head(picked[start : start + chunk]) if head is not None else picked[start : start + chunk]
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        pieces.append(logp.gather(-1, targets[start : start + chunk, None]).squeeze(-1))
-        if with_entropy:
-            entropies.append(-(logp.exp() * logp).sum(-1))
-    flat = torch.cat(pieces) if pieces else states.new_zeros(0, dtype=torch.float32)
-    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device).index_put((rows, cols + 1), flat)
-    if not with_entropy:
-        return out
-    flat_entropy = torch.cat(entropies) if entropies else states.new_zeros(0, dtype=torch.float32)
-    ent = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    return out, ent.index_put((rows, cols + 1), flat_entropy.detach())
+    return _scatter_logprobs(head, states[rows, cols - C], input_ids, rows, cols, temperature=temperature, chunk=chunk,
+                             with_entropy=with_entropy)
 
 
 def _decoder(model):

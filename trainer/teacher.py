@@ -51,6 +51,7 @@ span tokens get `scored = False` and contribute no gap (delta = 0). Every count 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -587,14 +588,20 @@ def _masked_attention(model):
     on the CPU when the model uses SDPA, else the model's own."""
     if not _grouped_sdpa(model):
         return nullcontext()
+    _register_grouped_sdpa()
+    return _attention_implementation_set_to(model.config, _GROUPED_SDPA)
+
+
+@functools.cache
+def _register_grouped_sdpa() -> None:
+    """Once per process (the sampler enters `_masked_attention` on every decoding step)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(_GROUPED_SDPA, _sdpa_with_grouped_heads)  # idempotent
+    AttentionInterface.register(_GROUPED_SDPA, _sdpa_with_grouped_heads)
     # A 2-D padding mask (the sampler's) becomes SDPA's 4-D one, as for `sdpa`; without this entry
     # transformers would pass no mask at all to an attention it does not know. 4-D masks pass as given.
     AttentionMaskInterface.register(_GROUPED_SDPA, sdpa_mask)
-    return _attention_implementation_set_to(model.config, _GROUPED_SDPA)
 
 
 class _attention_implementation_set_to:
