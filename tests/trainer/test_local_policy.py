@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import assert_close_to_scale
 
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, ExpertAgent, run_episodes
@@ -96,7 +97,7 @@ def test_token_logprobs_match_full_logits(tiny) -> None:
     want = torch.zeros_like(got)
     want[:, 1:] = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     want = torch.where(score, want, torch.zeros_like(want))
-    assert torch.allclose(got, want, atol=1e-5)
+    assert_close_to_scale(got, want)
     assert (got[~score] == 0).all() and (got[score] < 0).all()
     assert token_logprobs(model, ids, mask, score).requires_grad
 
@@ -124,10 +125,13 @@ def test_a_shared_prefix_runs_once_with_the_same_logprobs_and_gradients(tiny, ex
     finally:
         hook.remove()
     (g0, (lp0, ent0)), (g1, (lp1, ent1)) = grads
-    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(ent0, ent1, atol=1e-5)
+    assert_close_to_scale(lp1, lp0, what="log-probs")
+    assert_close_to_scale(ent1, ent0, what="entropies")
     assert ((lp1 != 0) == score).all()
-    for a, b in zip(g0, g1, strict=True):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    # each gradient against its own scale: float32 sums in another order move small entries that sit
+    # next to large ones by more than a per-element tolerance allows (ATEN_CPU_CAPABILITY=default)
+    for (name, _), a, b in zip(model.named_parameters(), g0, g1, strict=True):
+        assert_close_to_scale(b, a, rel=1e-5, floor=1e-6, what=f"gradient of {name}")
     R, T = ids.shape
     # without sharing: one forward of every row whole; with: the prefix once, then the rows after it
     assert seen == [torch.Size([R, T]), torch.Size([1, C]), torch.Size([R, T - C])]
@@ -164,7 +168,7 @@ def test_sampled_logprobs_are_the_policy_logprobs(tiny, expert_episodes) -> None
     score = torch.arange(full.shape[1])[None] >= len(prompt)
     with torch.no_grad():
         recomputed = token_logprobs(model, full, torch.ones_like(full), score, temperature=0.7)[0, len(prompt):]
-    assert torch.allclose(recomputed, torch.tensor(lps), atol=1e-4)
+    assert_close_to_scale(recomputed, torch.tensor(lps), rel=1e-5)
     # the same seed draws the same turn; another seed another one
     again = HFPolicyAgent(model, tok, max_new_tokens=12, temperature=0.7, seed=5).sample([prompt])[0][0]
     other = HFPolicyAgent(model, tok, max_new_tokens=12, temperature=0.7, seed=6).sample([prompt])[0][0]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from episodes_for_tests import UNICODE_RESPONSES, make_episode
+from tolerances import assert_close_to_scale
 
 from trainer.credit import compute_advantages
 from trainer.env_knowledge import SKILLS_DIR, credit_config, skill_text
@@ -213,7 +214,7 @@ def test_row_logprobs_match_a_plain_forward(qwen3, tiny):
         L = int(rows.length[r])
         ref = reference_logprobs(tiny, rows.input_ids[r, :L].tolist())
         gen = rows.turn_id[r, :L] >= 0
-        torch.testing.assert_close(lp[r, :L][gen], ref[gen], atol=2e-5, rtol=1e-5)
+        assert_close_to_scale(lp[r, :L][gen], ref[gen])
         assert bool((lp[r, :L][~gen] == 0).all())
 
 
@@ -233,7 +234,7 @@ def test_stepopsd_strategies_give_the_per_turn_log_probs(qwen3, tiny, context, p
     for strategy in ("prefix", "packed"):
         scores = score_teacher(tiny, qwen3, episodes, rows, config, strategy=strategy, micro_batch_tokens=700)
         assert torch.equal(scores.scored, single.scored)
-        torch.testing.assert_close(scores.logprobs, single.logprobs, atol=1e-5, rtol=1e-5)
+        assert_close_to_scale(scores.logprobs, single.logprobs)
         if context == "full" or strategy == "prefix":
             # the prefix is not run once per turn; `prefix` also runs the rows' common prefix (the
             # system prompt) once, so window rows (one turn each) share it too
@@ -244,7 +245,7 @@ def test_stepopsd_strategies_give_the_per_turn_log_probs(qwen3, tiny, context, p
     seqs, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=4096, packing=False)
     seq = seqs[1]
     ref = reference_logprobs(tiny, seq.ids.tolist())
-    torch.testing.assert_close(single.logprobs[seq.row, seq.row_pos], ref[seq.target], atol=2e-5, rtol=1e-5)
+    assert_close_to_scale(single.logprobs[seq.row, seq.row_pos], ref[seq.target])
 
 
 def test_stepopsd_prefix_runs_the_last_layer_only_where_log_probs_are_read(qwen3, tiny):
@@ -263,7 +264,7 @@ def test_stepopsd_prefix_runs_the_last_layer_only_where_log_probs_are_read(qwen3
         for hook in hooks:
             hook.remove()
     single = score_teacher(tiny, qwen3, episodes, rows, config, strategy="per-turn")
-    torch.testing.assert_close(scores.logprobs, single.logprobs, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(scores.logprobs, single.logprobs)
     assert sum(seen[1]) > 0
     assert sum(seen[1]) * 4 < sum(seen[0])  # the blocks (most of each segment) skipped
     assert type(tiny.model.layers[1].mlp).__name__ == "Qwen3MLP"  # the swap is undone afterwards
@@ -281,7 +282,7 @@ def test_stepopsd_strategies_agree_at_the_length_limit(qwen3, tiny):
     prefix = score_teacher(tiny, qwen3, episodes, rows, config, strategy="prefix", max_length=limit)
     assert single.truncated > 0 and (prefix.truncated, prefix.peer_dropped) == (single.truncated, single.peer_dropped)
     assert torch.equal(prefix.scored, single.scored)
-    torch.testing.assert_close(prefix.logprobs, single.logprobs, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(prefix.logprobs, single.logprobs)
     with pytest.raises(ValueError, match="teacher strategy"):
         score_teacher(tiny, qwen3, episodes, rows, config, strategy="fastest")
 
@@ -297,8 +298,8 @@ def test_agentopsd_scoring_equals_a_plain_forward(qwen3, tiny):
     seqs, _ = build_teacher_sequences(qwen3, episodes, rows, config, max_length=4096)
     for seq in seqs:
         ref = reference_logprobs(tiny, seq.ids.tolist())
-        torch.testing.assert_close(per_row.logprobs[seq.row, seq.row_pos], ref[seq.target], atol=2e-5, rtol=1e-5)
-        torch.testing.assert_close(scores.logprobs[seq.row, seq.row_pos], ref[seq.target], atol=2e-5, rtol=1e-5)
+        assert_close_to_scale(per_row.logprobs[seq.row, seq.row_pos], ref[seq.target])
+        assert_close_to_scale(scores.logprobs[seq.row, seq.row_pos], ref[seq.target])
     # The privileged note changes the teacher's view: its log-probs differ from the student's.
     student = row_logprobs(tiny, rows)
     assert float((scores.logprobs - student)[scores.scored].abs().max()) > 1e-4
@@ -326,7 +327,7 @@ def test_agentopsd_shared_note_gives_the_one_sequence_per_row_log_probs(qwen3, t
             shared = score_teacher(tiny, qwen3, episodes, rows, config, max_length=limit, micro_batch_tokens=budget)
             assert (shared.truncated, shared.truncated_tokens) == (per_row.truncated, per_row.truncated_tokens)
             assert torch.equal(shared.scored, per_row.scored) and bool(shared.scored.any())
-            torch.testing.assert_close(shared.logprobs, per_row.logprobs, atol=1e-5, rtol=1e-5)
+            assert_close_to_scale(shared.logprobs, per_row.logprobs)
             assert shared.tokens < per_row.tokens  # each note's prefix runs once, not once per row
         if limit < 100_000:
             assert per_row.truncated > 0
