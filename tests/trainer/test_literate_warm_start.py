@@ -25,11 +25,18 @@ def test_detours_remember_the_experts_correction():
     episodes = run_episodes(lambda: make(ENV), expert, [EpisodeRequest(s, episode_id=f"e{s}") for s in range(8)],
                             progress=False)
     assert expert.detours and set(expert.corrections) == expert.detours
+    differs = 0
     for (eid, turn), correction in expert.corrections.items():
         episode = next(e for e in episodes if e.episode_id == eid)
-        taken = episode.turns[turn].response
+        # the state the detour was taken in: the same task, replayed up to that turn
+        env = make(ENV)
+        env.reset(seed=episode.seed)
+        for earlier in episode.turns[:turn]:
+            env.step(earlier.response)
         # the correction is the expert's halving guess in that state, not the random detour
-        assert correction.startswith("<action>guess ") and (taken != correction or taken == correction)
+        assert correction == env.unwrapped.expert_action()
+        differs += episode.turns[turn].response != correction
+    assert differs >= len(expert.corrections) // 2  # most random guesses are not the expert's
 
 
 def test_privileged_examples_hold_the_block_and_the_correction(tmp_path: Path):
