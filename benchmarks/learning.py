@@ -239,13 +239,14 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     wall = time.perf_counter() - started
     n = len(seeds)
+    _, start_low, start_high = interval([start], rng, args.bootstrap)  # one set of draws for both bounds
     lines = [
         f"env {args.env} {env_options} | held-out {eval_options}: {n} games ({dropped} twins of training games "
         f"dropped), greedy | tiny Qwen3 hidden {args.tiny_hidden} x {args.tiny_layers} | warm start {args.sft_episodes} "
         f"expert episodes (detours {args.sft_noise}, privileged share {args.sft_privileged}) | {args.steps} updates x "
         f"{args.tasks_per_step} tasks x {args.group_size} episodes | context {args.context} | {args.seeds} seed(s)",
         f"warm start: {100 * np.mean(start):.1f}% (95% interval over games "
-        f"[{100 * interval([start], rng, args.bootstrap)[1]:.1f}, {100 * interval([start], rng, args.bootstrap)[2]:.1f}])",
+        f"[{100 * start_low:.1f}, {100 * start_high:.1f}])",
         f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs GRPO':>9} {'95% interval':>18} {'sign test':>16} {'RL wall':>8}",
     ]
     results = {}
