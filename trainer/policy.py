@@ -137,14 +137,21 @@ def end_of_turn_ids(tokenizer, model=None) -> list[int]:
 
 
 def load_hf_policy(path: str | Path, *, device: str = "auto", dtype: str = "auto"):
-    """A local transformers causal LM and its tokenizer (which must have a chat template)."""
+    """A local transformers causal LM and its tokenizer (which must have a chat template).
+
+    `path` is a model folder or a named model (`trainer.models.NAMED_MODELS`: `smollm2-135m`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(path)
+    from trainer.models import NAMED_MODELS, NamedModelError, resolve_model
+
+    try:
+        path = resolve_model(path)
+    except NamedModelError as e:
+        raise PolicyLoadError(str(e)) from None
     if not (path / "config.json").is_file():
         raise PolicyLoadError(
             f"{path}: not a folder with a transformers model (no config.json); give a local model folder "
-            "(a Qwen2.5/Qwen3 download, or a trainer run's OUT/model)"
+            f"(a Qwen2.5/Qwen3 download, or a trainer run's OUT/model) or a named model ({', '.join(NAMED_MODELS)})"
         )
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if not getattr(tokenizer, "chat_template", None):

