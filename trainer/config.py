@@ -128,7 +128,8 @@ class TrainConfig:
         self.credit_config()
 
     def credit_config(self):
-        """The credit core's settings: the spec's defaults for this env family and method, with
+        """The credit core's settings: the defaults for this env family and method
+        (docs/credit.md#configuration), with
         `credit` overrides (unknown keys and bad values are a TrainError)."""
         from trainer.credit import CreditConfig
         from trainer.env_knowledge import credit_config

@@ -4,10 +4,11 @@ Each env family registers its credit defaults and its AgentOPSD skill notes with
 (`agentgym_opsd.registry.EnvEntry.credit_defaults`, `.skill_notes`); a plug-in env that registers
 its own gets every credit method without a line here.
 
-- `credit_config(env_id, method, preset=..., **overrides)`: the spec's settings for the method with
-  the family's defaults.
+- `credit_config(env_id, method, preset=..., **overrides)`: the method's settings with the family's
+  defaults (docs/credit.md#configuration, docs/credit.md#outcome-reward).
 - `skill_text(env_id, task_type)`: AgentOPSD's privileged note: the trainer's general note
-  (trainer/skills/general.txt), then the family's note for the task type.
+  (trainer/skills/general.txt), then the family's note for the task type
+  (docs/credit.md#agentopsd-teacher).
 """
 
 from __future__ import annotations

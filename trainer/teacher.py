@@ -1,10 +1,10 @@
-"""Teacher contexts and teacher scoring (spec sections 1 and 2, step 5 of section 0).
+"""Teacher contexts and teacher scoring (docs/credit.md#teacher-log-probs, #stepopsd-teacher, #agentopsd-teacher).
 
 The teacher is a causal LM (the policy, a snapshot of it, or the live one) that reads the SAME
 generated tokens as the student, with privileged text added to its context, in one extra no-grad
 pass. `score_teacher` returns its log-probs aligned to the rows (`TeacherScores.logprobs`, [R, T]).
 
-StepOPSD: a hindsight block inserted right before each turn's scored span:
+StepOPSD: a hindsight block inserted right before each turn's scored span (docs/credit.md#stepopsd-teacher):
 
     <student's causal prefix up to the span start>
     <hindsight>
@@ -16,11 +16,13 @@ StepOPSD: a hindsight block inserted right before each turn's scored span:
 
 RLSD (optional baseline) uses the same hindsight context over whole responses (`clean_step`).
 The peer block goes only to failed episodes of mixed groups: the first successful episode of the
-group (in the order given), written as its actions and observations. The reference is the env's
+group (in the order given), written as `config.peer_format` says (by default its actions, one line
+per step; `actions_observations` adds each observation). The reference is the env's
 `Hindsight.reference` (expert plan, gold answers, target product).
 
-AgentOPSD: the privileged skill note prepended to the first message of the student prompt (the
-system message): "[Privileged Skill Information]\\n" + skill text + "\\n\\n" + the original content.
+AgentOPSD (docs/credit.md#agentopsd-teacher): the privileged skill note prepended to the first
+message of the student prompt (the system message):
+"[Privileged Skill Information]\\n" + skill text + "\\n\\n" + the original content.
 The rest of the row (every response, observation and template token) is unchanged, so one forward
 per row scores every turn. Skill notes: `trainer.env_knowledge.skill_text` (the env family's own).
 

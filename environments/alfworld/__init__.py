@@ -40,7 +40,7 @@ def _sizes(task_types: tuple[str, ...]):
     return size
 
 
-# What a trainer reads about the family (spec section 1): the action block is the scored span, 0.1
+# What a trainer reads about the family (docs/credit.md#outcome-reward): the action block is the scored span, 0.1
 # per invalid turn, StepOPSD's mixing strength 0.2.
 CREDIT_DEFAULTS = {"span_mode": "action_only", "invalid_coef": 0.1, "lam_mix": 0.2}
 

@@ -47,9 +47,10 @@ def _sizes(dataset: str):
     return size
 
 
-# What a trainer reads about the family: the whole turn is scored (reasoning and query go together),
-# 0.01 per invalid turn, mixing strength 0.1 (the spec allows 0.05 to 0.2). The reward is exact match
-# alone, as in Search-R1 (F1 stays in `info`), so the score does not enter R.
+# What a trainer reads about the family (docs/credit.md#outcome-reward): the whole turn is scored
+# (reasoning and query go together), 0.01 per invalid turn, mixing strength 0.1 (0.05 to 0.2 is
+# reasonable). The reward is exact match alone, as in Search-R1 (F1 stays in `info`), so the score
+# does not enter R.
 CREDIT_DEFAULTS = {"span_mode": "clean_step", "invalid_coef": 0.01, "lam_mix": 0.1}
 
 # AgentOPSD's strategy notes (skills/<kind>.txt), by the kind of question each data set asks.

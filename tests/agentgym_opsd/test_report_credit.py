@@ -1,7 +1,7 @@
 """Per-turn credit records for the report (`trainer.credit_records`), from the intermediates of the
 very `compute_advantages` call whose advantages an update uses, on real ALFWorld episodes and a
 seeded random tiny Qwen3 (real Qwen3 tokenizer): the parts the report shows agree with the
-advantages and with the spec's formulas, and the local trainer writes them for every update."""
+advantages and with the formulas of docs/credit.md, and the local trainer writes them for every update."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from agentgym_opsd.episode import save_episodes
 from agentgym_opsd.io import append_jsonl
 
 ENV = "agentgym/ALFWorld-Pick-v0"
-LAM, ALPHA, B = 0.2, 0.2, 0.2  # the spec's defaults for ALFWorld (StepOPSD lam_mix, alpha_clip; AgentOPSD b)
+# ALFWorld's defaults (docs/credit.md#configuration): StepOPSD lam_mix, alpha_clip; AgentOPSD b.
+LAM, ALPHA, B = 0.2, 0.2, 0.2
 AGENT_LAM = 0.5
 
 
@@ -64,7 +65,8 @@ def records(episodes, model_and_tokenizer):
 
 
 def _grpo_advantages(episodes) -> list[float]:
-    """Spec section 0: R_i = success_i - 0.1 * invalid turns; A_i = (R_i - mean) / (unbiased std + 1e-6)."""
+    """docs/credit.md#sequence-advantage: R_i = success_i - 0.1 * invalid turns;
+    A_i = (R_i - mean) / (unbiased std + 1e-6)."""
     rewards = [float(e.success) - 0.1 * e.invalid_turns for e in episodes]
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
@@ -87,7 +89,7 @@ def test_grpo_records_the_group_normalized_advantage_on_every_turn(episodes, rec
         assert all("gap" not in t and "tokens" not in t for t in record["turns"])  # no teacher in GRPO
 
 
-def test_stepopsd_token_weights_follow_the_spec_and_tile_the_action_blocks(episodes, records):
+def test_stepopsd_token_weights_follow_their_formula_and_tile_the_action_blocks(episodes, records):
     weights_seen = []
     for episode in episodes:
         record = records[(episode.episode_id, "stepopsd")]

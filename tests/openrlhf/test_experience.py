@@ -163,7 +163,8 @@ def episode_advantages(experiences):
 @pytest.mark.parametrize("method", ["agentopsd", "stepopsd"])
 def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_tokenizer, load_policy_actor):
     """The teacher forward runs on the actor group, gives what the credit core's own scorer gives
-    with the same weights, and the reshaped advantages keep GRPO's signs within the spec's bounds."""
+    with the same weights, and the reshaped advantages keep GRPO's signs within their bounds
+    (docs/credit.md#properties)."""
     from trainer.credit import compute_advantages
     from trainer.env_knowledge import credit_config
     from trainer.openrlhf.credit_rows import rollout_token_rows
@@ -196,7 +197,7 @@ def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_t
         n = e.action_mask.shape[1]
         assert torch.allclose(e.advantages, expected[start:end, 1 : n + 1] * e.action_mask, rtol=2e-3, atol=2e-3)
 
-    # Spec properties on the way out: GRPO's sign everywhere, bounded reshaping.
+    # docs/credit.md#properties on the way out: GRPO's sign everywhere, bounded reshaping.
     lam, bound = (1.0, 0.2) if method == "stepopsd" else (0.5, 0.2)
     reshaped = 0
     for (ours, mask, _), (base, _, _) in zip(episode_advantages(experiences), episode_advantages(grpo)):

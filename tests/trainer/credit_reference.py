@@ -1,6 +1,6 @@
-"""A slow, loop-by-loop transcription of ../shared/spec/credit.md, independent of trainer/credit.
+"""A slow, loop-by-loop transcription of docs/credit.md, independent of trainer/credit.
 
-Plain Python floats and `math`, one token at a time, written straight from the spec's formulas, so
+Plain Python floats and `math`, one token at a time, written straight from the document's formulas, so
 that the vectorized code can be checked against it on random batches. Also builds `CreditBatch`es
 from a layout-free description of episodes, as whole-episode rows or one row per turn, shuffled.
 
@@ -69,7 +69,7 @@ def grpo(episodes, cfg: CreditConfig):
 
 
 def reference(episodes, cfg: CreditConfig, step: int = 0):
-    """adv[i][k][t] for every generated token, straight from the spec."""
+    """adv[i][k][t] for every generated token, straight from docs/credit.md's formulas."""
     A = grpo(episodes, cfg)
     out = [[[A[i]] * len(turn["tokens"]) for turn in ep["turns"]] for i, ep in enumerate(episodes)]
     if cfg.method == "grpo":

@@ -1,4 +1,5 @@
-"""CreditConfig: the spec's defaults per env family and method, validation, and the outcome reward."""
+"""CreditConfig: the defaults per env family and method (docs/credit.md#configuration), validation, and the
+outcome reward."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from trainer.credit import CreditConfig, outcome_reward
 from trainer.env_knowledge import credit_config
 
 
-def test_spec_defaults():
+def test_method_defaults():
     c = CreditConfig(method="stepopsd")
     assert (c.alpha_clip, c.lam_mix, c.decay_steps, c.budget, c.budget_cap) == (0.2, 0.2, 50, True, 2.0)
     assert (c.teacher_mode, c.teacher_refresh) == ("stale", 10)

@@ -1,4 +1,4 @@
-"""What goes into the credit core, checked against the spec: the teacher's temperature, the teacher
+"""What goes into the credit core, checked against docs/credit.md: the teacher's temperature, the teacher
 modes of the two trainers, float64 turn sums, non-finite rewards, the release preset's prior."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_a_teacher_identical_to_the_student_shows_no_gap(tmp_path: Path, monkeyp
 
 
 def test_local_and_bridge_trainers_default_to_the_same_credit(tmp_path: Path):
-    """Spec section 2: AgentOPSD's teacher is the current (old) policy: live in both trainers. Every
+    """docs/credit.md#agentopsd-teacher: AgentOPSD's teacher is the current (old) policy: live in both trainers. Every
     other default agrees too; StepOPSD's `stale` snapshot is the local trainer's default, the bridge
     scores on its actor group (always live) and says so."""
     for env_id in ("agentgym/ALFWorld-Pick-v0", "agentgym/WebShop-v0", "agentgym/SearchQA-NQ-v0", "example/GuessNumber-v0"):
@@ -59,7 +59,7 @@ def test_local_and_bridge_trainers_default_to_the_same_credit(tmp_path: Path):
 
 
 def test_turn_sums_are_float64_for_float32_inputs():
-    """A float32 accumulation of (1e8, 1, -1e8) loses the 1; the spec asks float64 sums."""
+    """A float32 accumulation of (1e8, 1, -1e8) loses the 1; turn sums are float64 (docs/credit.md#properties)."""
     episodes = [{"group": 0, "success": True, "score": 1.0, "invalid": 0, "turns": [
         {"reward": 0.0, "state": 1, "tokens": [(True, 0.0, 1e8), (True, 0.0, 1.0), (True, 0.0, -1e8)]}]}]
     batch, _ = to_batch(episodes, layout="full", dtype=torch.float32)
@@ -106,7 +106,7 @@ def test_rows_name_their_episodes_for_the_credit_core(qwen3_tokenizer):
 
 
 def test_release_prior_is_the_group_mean_of_the_raw_0_10_reward():
-    """Spec section 2, release preset: B_0 = clip(mean_g(10 x success), eps0, 1 - eps0): 1 - eps0 as soon
+    """docs/credit.md#the-release-preset: B_0 = clip(mean_g(10 x success), eps0, 1 - eps0): 1 - eps0 as soon
     as one episode of the group succeeds, eps0 when none does; scores and invalid-turn penalties
     play no part (they did when B_0 was the mean of R)."""
     config = credit_config("agentgym/WebShop-v0", "agentopsd", preset="release")

@@ -1,4 +1,4 @@
-"""Spec section 4: the properties every implementation must pass, one test each, plus property-based
+"""docs/credit.md#properties: the properties every method must keep, one test each, plus property-based
 tests (hypothesis) over random batches and a differential test against the loop-by-loop reference."""
 
 from __future__ import annotations

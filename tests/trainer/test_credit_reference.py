@@ -1,4 +1,4 @@
-"""Hand-computed reference values for one small group, per method (spec section 4, last item).
+"""Hand-computed reference values for one small group, per method (docs/credit.md#properties).
 
 The group: three episodes of one task (group 0) and a lone episode (group 1, A = 0). Each turn's
 tokens are (in scored span, lp_S, lp_T); delta = lp_T - lp_S on the span:
@@ -12,7 +12,7 @@ tokens are (in scored span, lp_S, lp_T); delta = lp_T - lp_S on the span:
 Outcome rewards (success_scale 1, invalid_coef 0.1): R = [1, -0.1, 0 | 1].
 GRPO: mean 0.3, deviations [0.7, -0.4, -0.3], unbiased std sqrt((0.49 + 0.16 + 0.09) / 2) = 0.6082762530
     A = [0.7, -0.4, -0.3] / (0.6082762530 + 1e-6) = [1.1507910192, -0.6575948681, -0.4931961511], ep3: 0.
-The expected numbers below were worked through by hand from the spec's formulas (the intermediate
+The expected numbers below were worked through by hand from the formulas of docs/credit.md (the intermediate
 values are in the comments) and are written out literally.
 """
 
@@ -138,7 +138,7 @@ def test_small_group_matches_hand_computed_values(case, layout):
 
 
 def test_reference_diagnostics_small_group():
-    """Section 5 diagnostics on the small group, by hand."""
+    """The diagnostics (docs/credit.md#logged-per-update) on the small group, by hand."""
     batch, _ = to_batch(SMALL_GROUP, layout="full")
     _, d = compute_advantages(batch, CreditConfig(method="agentopsd", span_mode="clean_step"), step=0)
     deltas = [0.5, -1.0, 2.0, 0.1, -0.4, -0.3, 0.4, -2.0, 1.5, 0.0]

@@ -1,4 +1,4 @@
-"""Per-turn credit assignment: GRPO, GiGPO, StepOPSD, AgentOPSD (and RLSD), exactly as ../shared/spec/credit.md.
+"""Per-turn credit assignment: GRPO, GiGPO, StepOPSD, AgentOPSD (and RLSD), as docs/credit.md describes them.
 
 Pure tensor math: no model, no environment, no tokenizer, no Python loop over tokens (loops over
 turns are matrix products). Works on CPU and CUDA tensors alike.
@@ -13,7 +13,7 @@ One update, end to end (trainer/rows.py and trainer/teacher.py build the inputs)
     from trainer.rows import build_rows
     from trainer.teacher import score_teacher, row_logprobs
 
-    config = credit_config(env_id, "stepopsd")                   # spec defaults for the env family
+    config = credit_config(env_id, "stepopsd")                   # the env family's defaults
     rows = build_rows(episodes, tokenizer, span_mode=config.span_mode)   # TokenRows, [R, T]
     lp_S = row_logprobs(policy, rows)                            # old log-probs (or the rollout's own)
     if config.needs_teacher:                                     # stepopsd, agentopsd, rlsd
@@ -50,19 +50,20 @@ Conventions the two halves must share:
 
 compute_advantages(batch, config, step) -> (advantages, diagnostics)
     advantages: [R, T] float32 on batch's device, exactly 0 on tokens with turn_id == -1.
-    diagnostics: spec section 5 as floats under "credit/..." keys: delta_mean, delta_std (mean delta
+    diagnostics: docs/credit.md#logged-per-update, floats under "credit/..." keys: delta_mean, delta_std (mean delta
         is about -KL), evidence_mean, b0_mean and b0_hist (10 bins over [0, 1], a list), dB_mean,
         dB_std, weight_clip_frac, adv_std_ratio (std(A~)/std(A)), lam_t, budget_coef_*,
         teacher_truncated, plus reward_mean/std, success_rate, adv_mean, scored_tokens.
         `TeacherScores.stats()` adds the teacher's cost and truncation counters ("teacher/...").
 
-CreditConfig (all knobs, spec defaults; `CreditConfig.for_method(method, family_defaults, preset=...)`)
+CreditConfig (all knobs and their defaults, docs/credit.md#configuration;
+    `CreditConfig.for_method(method, family_defaults, preset=...)`)
     method in {grpo, gigpo, stepopsd, agentopsd, rlsd}; see `trainer/credit/config.py`.
 
 outcome_reward(success, score, invalid_turns, success_scale=1, score_coef=0, invalid_coef=0.1)
-    R_i of spec section 0 step 2, [E] float64 (`episode_rewards(batch, config)` applies a config).
+    R_i of docs/credit.md#outcome-reward, [E] float64 (`episode_rewards(batch, config)` applies a config).
 
-Files (each reads top to bottom like the paper, with its symbols in comments):
+Files (each reads top to bottom like its section of docs/credit.md, with its symbols in comments):
     grpo.py       outcome reward, group normalization, sequence advantage
     gigpo.py      discounted step returns, state-key clusters, step advantage
     evidence.py   token gap delta and turn evidence e_k

@@ -1,4 +1,4 @@
-"""AgentOPSD: turn-level credit from a recursive belief in success (spec section 2).
+"""AgentOPSD: turn-level credit from a recursive belief in success (docs/credit.md#agentopsd).
 
 The teacher (the policy with a privileged skill note) scores every turn's whole response; the turn
 evidence e_k = sum_t (lp_T - lp_S) moves a belief that the episode succeeds. Turns that moved the
@@ -13,7 +13,8 @@ belief the way the outcome went get more of the advantage, the others less.
     w_k  = clip(1 + b * z_k, 1 - b, 1 + b)           b = 0.2
     A~_{k,t} = A * ((1 - lam) + lam * w_k)           every generated token of turn k, lam = 0.5
 
-`release` preset (the public code): gamma 1.0, eps0 1e-4, B_0 from the group's raw reward mean.
+`release` preset (the public code, docs/credit.md#the-release-preset): gamma 1.0, eps0 1e-4, B_0 from
+the group's raw reward mean.
 A one-turn episode, or equal dB across turns, gives z = 0, w = 1: GRPO. q is centred on the
 episode's first turn before the mean is taken (no change mathematically), so equal dB gives z = 0
 exactly, not 1e-11. Belief arithmetic runs in float64 and logit(B_0) is finite (B_0 is clipped), so a

@@ -180,7 +180,7 @@ class TurnLayout:
         """[E, K] float64 sums of [N] values over each turn's tokens (where `mask` holds).
 
         Masked-out tokens add 0 (a `where`, not a boolean selection: no nonzero pass, no NaN leak).
-        Tokens are summed in float64 (spec section 4: e_k and m_k meet 1e-6 with float32 inputs);
+        Tokens are summed in float64 (docs/credit.md#properties: e_k and m_k meet 1e-6 with float32 inputs);
         the [N] upcast is per token, the memory of one float64 vector.
         """
         values = values.to(torch.float64)

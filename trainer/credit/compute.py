@@ -1,8 +1,8 @@
 """`compute_advantages`: the one entry point from a `CreditBatch` to per-token advantages.
 
-One code path for every method (spec section 0): outcome reward -> GRPO sequence advantage A ->
+One code path for every method (docs/credit.md#shared-pipeline): outcome reward -> GRPO sequence advantage A ->
 reshaped by the chosen method -> [R, T] advantages that are 0 on every token the model did not
-generate. The diagnostics are spec section 5, as plain floats (and one histogram) ready to log.
+generate. The diagnostics are docs/credit.md#logged-per-update, as plain floats (and one histogram) ready to log.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _episode_name(batch: CreditBatch, i: int) -> str:
 
 
 def check_finite_rewards(batch: CreditBatch) -> None:
-    """Spec section 4: a non-finite score or step reward is an error naming the episode (it would
+    """docs/credit.md#outcome-reward: a non-finite score or step reward is an error naming the episode (it would
     turn every advantage of its group into NaN)."""
     for name, values in (("score", batch.score), ("step reward", batch.step_reward)):
         if values is None or values.numel() == 0:
@@ -48,7 +48,7 @@ def check_finite_rewards(batch: CreditBatch) -> None:
 
 
 def episode_rewards(batch: CreditBatch, config: CreditConfig) -> torch.Tensor:
-    """R_i of every episode (spec section 0 step 2)  ->  [E] float64."""
+    """R_i of every episode (docs/credit.md#outcome-reward)  ->  [E] float64."""
     check_finite_rewards(batch)
     return outcome_reward(
         batch.success,
@@ -119,7 +119,8 @@ def compute_advantages(
             teacher methods) student and teacher log-probs; GiGPO also reads step rewards and state ids.
         config: the method and its knobs.
         step: the update number (StepOPSD's lam_t schedule).
-        diagnostics: compute the section-5 diagnostics (cheap; off only for benchmarks of the math).
+        diagnostics: compute the diagnostics of docs/credit.md#logged-per-update (cheap; off only for
+            benchmarks of the math).
         return_parts: also return the `CreditParts` (intermediates) of this computation.
 
     Returns:
@@ -132,7 +133,7 @@ def compute_advantages(
     layout = TurnLayout.of(batch)  # the N generated tokens, flat; all token math runs on them
     eps = config.adv_eps
 
-    # -- section 0, steps 2-3: outcome reward and GRPO sequence advantage, broadcast to tokens
+    # -- docs/credit.md#outcome-reward and #sequence-advantage: R_i and GRPO's A_i, broadcast to tokens
     R = episode_rewards(batch, config)                                                 # R_i
     A_episode = grpo_episode_advantage(R, batch.episode_group, eps)                   # A_i
     A = broadcast_to_tokens(A_episode, layout)                                        # A_{i,t}, [N]
@@ -148,7 +149,7 @@ def compute_advantages(
         A_out = gigpo_token_advantage(A_episode, A_step, layout, config.gigpo_omega)
         parts["A_step"] = A_step
     else:
-        # -- section 0, step 6: token gap on the scored span, turn evidence
+        # -- docs/credit.md#token-gap-and-turn-evidence: token gap on the scored span, turn evidence
         span = layout.span
         scored = span if batch.teacher_scored is None else span & layout.take(batch.teacher_scored)
         delta = token_gap(
@@ -163,7 +164,7 @@ def compute_advantages(
             diag["credit/lam_t"] = lam_t
         elif method == "agentopsd":
             evidence = turn_evidence(delta, layout, scored)                            # e_k
-            # B_0's outcome: binary success, or the release's raw 0/10 reward (spec section 2)
+            # B_0's outcome: binary success, or the release's raw 0/10 reward (docs/credit.md#the-release-preset)
             prior = batch.success if config.prior == "success" else RELEASE_SUCCESS_REWARD * batch.success.to(torch.float64)
             A_out, parts = agentopsd_advantage(
                 A, A_episode, evidence, prior, batch.episode_group, layout,
@@ -205,7 +206,7 @@ def _diagnostics(
     evidence: torch.Tensor | None,
     parts: dict[str, torch.Tensor],
 ) -> dict[str, Any]:
-    """Spec section 5: what to log per update (token tensors are the layout's flat [N] vectors)."""
+    """docs/credit.md#logged-per-update: what to log per update (token tensors are the layout's flat [N] vectors)."""
     d: dict[str, Any] = {}
     d["credit/reward_mean"], d["credit/reward_std"] = _mean_std(R)
     d["credit/success_rate"] = float(batch.success.to(torch.float64).mean()) if batch.num_episodes else 0.0

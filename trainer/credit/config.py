@@ -1,6 +1,6 @@
-"""`CreditConfig`: the method and every knob of ../shared/spec/credit.md, with the spec's defaults.
+"""`CreditConfig`: the method and every knob of docs/credit.md, with their defaults (docs/credit.md#configuration).
 
-Symbols in comments are the spec's. `CreditConfig.for_method(method, family_defaults, ...)` puts
+Symbols in comments are docs/credit.md's. `CreditConfig.for_method(method, family_defaults, ...)` puts
 together the method's rules, an env family's defaults (span mode, invalid penalty, mixing strength:
 each env family registers its own, `trainer.env_knowledge.credit_config` reads them from the
 registry) and keyword overrides. This module knows nothing of environments.
@@ -20,7 +20,7 @@ SPAN_MODES = ("action_only", "clean_step")
 PRIORS = ("success", "release_reward")
 PEER_FORMATS = ("actions", "actions_observations")
 
-# AgentOPSD `release` preset (spec section 2): reproduces the public code.
+# AgentOPSD `release` preset (docs/credit.md#the-release-preset): reproduces the public code.
 RELEASE_PRESET: dict[str, Any] = {"belief_gamma": 1.0, "eps0": 1e-4, "prior": "release_reward"}
 # The release's raw episode reward: 10 for a success, 0 otherwise (what its B_0 averages).
 RELEASE_SUCCESS_REWARD = 10.0
@@ -34,7 +34,7 @@ _TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number"
 class CreditConfig:
     """How episodes' outcomes become per-token advantages.
 
-    Section 0 (every method):
+    Every method (docs/credit.md#shared-pipeline):
         method: `grpo`, `gigpo`, `stepopsd`, `agentopsd` (or the optional `rlsd`).
         success_scale: R_i = success_scale * success_i + score_coef * score_i - invalid_coef * n_invalid_i.
         score_coef: weight of the env's graded score (WebShop's family default is 1, the generic one
@@ -45,11 +45,11 @@ class CreditConfig:
         max_abs_gap: |lp_T - lp_S| is clamped to this many nats, so -inf log-probs cannot make NaN.
             Far beyond where sigma() saturates, so it changes no finite result.
 
-    GiGPO (section 3):
+    GiGPO (docs/credit.md#gigpo):
         gigpo_omega: omega in A = A_episode + omega * A_step.
         gigpo_gamma: gamma in R_t = r_t + gamma * R_{t+1}.
 
-    StepOPSD (section 1):
+    StepOPSD (docs/credit.md#stepopsd):
         span_mode: `action_only` (score the action block, tags included) or `clean_step` (the whole
             turn response). AgentOPSD and RLSD always score the whole response.
         alpha_clip: alpha in w_t = clip(2 sigma(sign(A) delta_t), 1 - alpha, 1 + alpha).
@@ -58,8 +58,9 @@ class CreditConfig:
         budget: the normalized per-step credit budget (on by default).
         budget_cap: C, the budget coefficients are clipped to [1/C, C].
         teacher_mode: `stale` (a policy snapshot refreshed every `teacher_refresh` updates) or `live`
-            (the current policy). `for_method` gives StepOPSD `stale` and AgentOPSD `live` (spec section
-            2: AgentOPSD's teacher is the current (old) policy); the OpenRLHF bridge is always live.
+            (the current policy). `for_method` gives StepOPSD `stale` and AgentOPSD `live`
+            (docs/credit.md#agentopsd-teacher: AgentOPSD's teacher is the current (old) policy); the
+            OpenRLHF bridge is always live.
         teacher_refresh: updates between snapshot refreshes.
         hindsight_peer: add the first successful peer's trajectory to failed episodes of mixed groups.
         hindsight_reference: add the env's hindsight reference (expert plan, gold answer, target).
@@ -69,7 +70,7 @@ class CreditConfig:
         peer_max_chars: the peer trajectory's text is cut at this many characters (with a visible
             "[... N characters cut]" marker; counted in the teacher's stats).
 
-    AgentOPSD (section 2):
+    AgentOPSD (docs/credit.md#agentopsd):
         lam: lam, the mixing strength.
         b: b, the turn weights are clip(1 + b z_k, 1 - b, 1 + b).
         belief_gamma: gamma in c_k = gamma c_{k-1} + e_k.
@@ -80,7 +81,7 @@ class CreditConfig:
             does; no score and no invalid-turn penalty in it).
         skills_dir: a folder of skill files replacing trainer/skills (None: the project's own).
 
-    RLSD (optional, section 3): w_t = clip(exp(sign(A) delta_t), 1 - rlsd_clip, 1 + rlsd_clip),
+    RLSD (optional, docs/credit.md#rlsd): w_t = clip(exp(sign(A) delta_t), 1 - rlsd_clip, 1 + rlsd_clip),
         mixed like StepOPSD with lam_t.
 
     Teacher scoring:
@@ -88,7 +89,7 @@ class CreditConfig:
     """
 
     method: str = "grpo"
-    # -- section 0: outcome reward and sequence advantage
+    # -- every method: outcome reward and sequence advantage (docs/credit.md#shared-pipeline)
     success_scale: float = 1.0
     score_coef: float = 0.0
     invalid_coef: float = 0.1
@@ -212,7 +213,7 @@ class CreditConfig:
         preset: str = "default",
         **overrides: Any,
     ) -> CreditConfig:
-        """The spec's settings for `method` with an env family's defaults.
+        """The settings for `method` with an env family's defaults (docs/credit.md#configuration).
 
         Order (later wins): the dataclass defaults; the generic family defaults (span `clean_step`,
         which works for any action format); `family_defaults` (what the env family registered, e.g.

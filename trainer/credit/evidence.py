@@ -1,4 +1,4 @@
-"""Token gap and turn evidence (spec section 0, step 6).
+"""Token gap and turn evidence (docs/credit.md#token-gap-and-turn-evidence).
 
     delta_{k,t} = lp_T(y_{k,t}) - lp_S(y_{k,t})   on the scored span T_k, 0 elsewhere
     e_k         = SUM_{t in T_k} delta_{k,t}      (a sum, not a mean)

@@ -1,4 +1,4 @@
-"""GiGPO: episode advantage plus a step advantage from turns that acted in the same state (spec section 3).
+"""GiGPO: episode advantage plus a step advantage from turns that acted in the same state (docs/credit.md#gigpo).
 
     A_episode = GRPO's A_i (mean/std normalized within the task group)
     R_t = r_t + gamma * R_{t+1}                       discounted step return, per episode (gamma 0.95)

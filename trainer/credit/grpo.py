@@ -1,4 +1,5 @@
-"""GRPO: one advantage per episode from its group's outcomes (spec section 0, steps 2 and 3).
+"""GRPO: one advantage per episode from its group's outcomes (docs/credit.md#outcome-reward and
+docs/credit.md#sequence-advantage).
 
     R_i = success_scale * success_i + score_coef * score_i - invalid_coef * n_invalid_i
     A_i = (R_i - mean_g R) / (std_g R + 1e-6)        std unbiased; a group of one gives A_i = 0

@@ -1,4 +1,4 @@
-"""StepOPSD: step-aware, local, sign-preserving token weights (spec section 1).
+"""StepOPSD: step-aware, local, sign-preserving token weights (docs/credit.md#stepopsd).
 
 Inputs: A (GRPO's sequence advantage on every generated token), delta (the teacher-student token gap
 on each turn's scored span T_k: the action block for `action_only`, the whole response for
@@ -20,10 +20,10 @@ no single step hoards the episode's credit:
     c_k    = clip(target / (m_k + 1e-6), 1/C, C)          C = 2
     A~_t  <- c_k * A~_t    for t in T_k
 
-With lam_t = 0 there is nothing to reshape: A is returned exactly (the budget is skipped), as the
-spec's "lam = 0 gives GRPO exactly" requires.
+With lam_t = 0 there is nothing to reshape: A is returned exactly (the budget is skipped), as
+"lam = 0 gives GRPO exactly" (docs/credit.md#properties) requires.
 
-RLSD (optional baseline, spec section 3) shares the mixing:
+RLSD (optional baseline, docs/credit.md#rlsd) shares the mixing:
     w_t = clip(exp(sign(A) * delta_t), 1 - 0.2, 1 + 0.2) on every generated token, no budget.
 """
 

@@ -12,8 +12,8 @@ after `make_experience` (the stock student forward on the actor group, the refer
    turn ids and spans the agent executor's, outcomes the executor's records), which replaces
    `experience.advantages` on generated tokens (0 elsewhere).
 
-Everything the bridge added to `Experience.info` is removed, and the credit diagnostics (spec
-section 5) and teacher counters are put there as per-sample scalars, so OpenRLHF's logging
+Everything the bridge added to `Experience.info` is removed, and the credit diagnostics
+(docs/credit.md#logged-per-update) and teacher counters are put there as per-sample scalars, so OpenRLHF's logging
 (console, wandb, TensorBoard) shows them under `credit/...` and `teacher/...`.
 """
 

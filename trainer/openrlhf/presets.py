@@ -1,5 +1,5 @@
 """The papers' settings for OpenRLHF runs: ALFWorld, Search-QA and WebShop with Qwen2.5-3B-Instruct
-or Qwen3-1.7B, group size 8, the credit spec's defaults (../shared/spec/credit.md).
+or Qwen3-1.7B, group size 8, the credit defaults of each env family (docs/credit.md#configuration).
 
 `preset(family, model, method, ...)` returns the bridge config (a dict of the config file's
 sections) and the OpenRLHF flags; `agentgym-opsd train-openrlhf --preset FAMILY --model-preset MODEL`

@@ -273,7 +273,7 @@ class EnvEpisodeRunner:
         success = episode.success
         invalid = episode.invalid_turns
         credit = self.config.credit_config(task.env_id)
-        # Spec section 0, step 2: the outcome reward R_i, with the credit config's coefficients, so
+        # docs/credit.md#outcome-reward: the outcome reward R_i, with the credit config's coefficients, so
         # OpenRLHF's group normalisation of it is the credit core's GRPO advantage.
         reward = float(
             outcome_reward(
