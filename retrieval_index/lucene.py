@@ -17,6 +17,7 @@ Start the JVM after forking, never before: a forked child cannot use its parent'
     searcher.batch_search(["q1", "q2"], k=3, threads=2)         # many queries in one hold of the JVM lock
     build_index_in_child(records, "indexes/shop")               # the same build in a child process (see there)
     searcher.doc("vital-42")                                    # contents, from the index alone
+    searcher.cut_query(long_query, max_chars=4096, max_terms=1024)  # what the server searches (see there)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -60,6 +62,7 @@ MAX_QUERY_CHARS = 8192
 ANSERINI_BATCH_MIN = 64
 """`BM25Searcher.batch_search` with threads > 1 hands batches of at least this many queries to Anserini."""
 _MAX_CLAUSES = 65_536  # Lucene's default (1024) is reached by a ~2,000-character query
+_SPLIT_WORD_AT_END = re.compile(r"\s+\S*\Z")  # the whitespace and the (partial) word after it, at the end
 
 _jvm_started = False
 _keep_alive: list[Any] = []  # java.util.logging keeps loggers weakly: hold the ones we configured
@@ -157,6 +160,13 @@ def _java_error(e: Exception) -> str:
         if line and not line.startswith("JVM exception occurred"):
             return line
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _attribute(stream: Any, name: str) -> Any:
+    """The attribute `name` (a Lucene attribute interface) of a token stream, as that interface."""
+    from jnius import cast
+
+    return cast(name, stream.addAttribute(java_class(name)))
 
 
 def _dir_size(path: Path) -> int:
@@ -428,6 +438,7 @@ class BM25Searcher:
             self._searcher.set_bm25(self.k1, self.b)
             self.num_docs = int(self._searcher.get_total_num_docs())
         self._list_class = list_class
+        self._analyzer: Any = None  # the searcher's query analyzer, fetched on the first cut_query
         self._closed = False
 
     # ------------------------------------------------------------------------------------------
@@ -453,6 +464,67 @@ class BM25Searcher:
             contents = document.get("contents") if document is not None else None
             out.append(Hit(str(d.docid), float(d.score), contents if contents is not None else ""))
         return out
+
+    def cut_query(self, query: str, max_chars: int, max_terms: int) -> str:
+        """`query` cut to at most `max_chars` characters and `max_terms` distinct terms; the query
+        itself (the same object) when it is within both. The retrieval server searches this form of
+        an over-long query instead of refusing the request.
+
+        1. Characters: a query longer than `max_chars` characters (Unicode code points) keeps its
+           first `max_chars`, less the word that the cut splits (a word is a run of non-whitespace;
+           when the kept part is a single word, it stays as it is), and trailing whitespace.
+        2. Terms: when this searcher's analyzer (the one its searches use: for Anserini's
+           `DefaultEnglishAnalyzer`, lower-cased tokens without stopwords, Porter-stemmed) finds more
+           than `max_terms` distinct terms in what is left, the query ends just before the token
+           that would be its (`max_terms` + 1)-th distinct term. Analysing the result gives exactly
+           the first `max_terms` distinct terms (with their repeats before that point), so its
+           Lucene query has `max_terms` clauses. A query of at most `max_terms` characters is never
+           analysed for this: every term is at least one character.
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"a query is a str, got {type(query).__name__}")
+        if max_chars < 1 or max_terms < 1:
+            raise ValueError(f"max_chars and max_terms must be >= 1, got {max_chars} and {max_terms}")
+        cut = query
+        if len(cut) > max_chars:
+            cut = cut[:max_chars]
+            if not query[max_chars].isspace():  # the cut splits a word: drop its first part too
+                split = _SPLIT_WORD_AT_END.search(cut)
+                if split is not None and split.start() > 0:
+                    cut = cut[: split.start()]
+            cut = cut.rstrip()
+        if len(cut) > max_terms:
+            cut = self._cut_at_terms(cut, max_terms)
+        return query if cut == query else cut
+
+    def _cut_at_terms(self, query: str, max_terms: int) -> str:
+        """`query` up to the token that would be its (`max_terms` + 1)-th distinct term (see `cut_query`)."""
+        with JVM_LOCK:
+            self._open()
+            if self._analyzer is None:
+                self._analyzer = self._searcher.get_analyzer()
+            stream = self._analyzer.tokenStream("contents", query)
+            try:
+                term = _attribute(stream, "org.apache.lucene.analysis.tokenattributes.CharTermAttribute")
+                offset = _attribute(stream, "org.apache.lucene.analysis.tokenattributes.OffsetAttribute")
+                stream.reset()
+                seen: set[str] = set()
+                end = None
+                while stream.incrementToken():
+                    text = term.toString()
+                    if text not in seen:
+                        if len(seen) == max_terms:
+                            end = int(offset.startOffset())  # in UTF-16 code units, as Java counts
+                            break
+                        seen.add(text)
+                stream.end()
+            finally:
+                stream.close()
+        if end is None:
+            return query
+        if query.isascii():
+            return query[:end].rstrip()
+        return query.encode("utf-16-le", "surrogatepass")[: 2 * end].decode("utf-16-le", "surrogatepass").rstrip()
 
     def search(self, query: str, k: int = 10) -> list[Hit]:
         """The top-`k` passages for `query`, best first (empty for an empty or all-stopword query)."""

@@ -11,8 +11,23 @@ API (a drop-in for Search-R1's retrieval server: its training loop's client runs
            loop sends one when no rollout searched in a turn).
     GET /health     -> {"status": "ok", "num_docs": ..., "batching": true, ...}
 
-Bad requests (malformed JSON, wrong types, a missing "queries", too many queries, topk out of bounds, a
-query too long, more passages than one answer may hold) get HTTP 400 with `{"error": "..."}` saying what is wrong; bodies over the size limit get 413.
+Bad requests (malformed JSON, wrong types, a missing "queries", too many queries, topk out of bounds,
+more passages than one answer may hold) get HTTP 400 with `{"error": "..."}` saying what is wrong;
+bodies over the size limit get 413.
+
+Over-long queries are answered, not refused: one long query must not fail a batch (Search-R1's
+client reads `["result"]` of any answer, so a 400 for the batch kills its training step). A query over
+the limits is searched in a cut form, and its answer is that form's (`BM25Searcher.cut_query`):
+
+  1. a query longer than `max_query_chars` (4,096) characters keeps its first 4,096, less the word
+     that the cut splits (a word: a run of non-whitespace);
+  2. then, if the index's analyzer (lower-cased, stopwords dropped, Porter-stemmed) finds more than
+     `max_query_terms` (1,024) distinct terms in it, it ends just before its 1,025th distinct term:
+     it keeps its first 1,024 distinct terms. 1,024 is Lucene's default clause limit (one clause per
+     distinct term), so the cut form runs on any Lucene searcher, Search-R1's included.
+
+Queries within both limits are searched as they are. `/health` counts the cut queries
+(`cut_queries`) and the server logs one line per request that had any (how many, which, how cut).
 
 Throughput comes from batching: concurrent requests are not searched one by one. While one Lucene
 search runs, the requests that arrive wait in line; the next search takes the whole line (up to
@@ -34,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import threading
@@ -50,15 +66,21 @@ __all__ = ["ServerLimits", "Batcher", "create_app", "serve", "add_server_argumen
 DEFAULT_PORT = 8000
 DEFAULT_TOPK = 3
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What one request may ask for (anything beyond is HTTP 400, or 413 for the body size)."""
+    """What one request may ask for (anything beyond is HTTP 400, or 413 for the body size), and
+    where over-long queries are cut (they are searched in their cut form, not refused)."""
 
     # Search-R1's GRPO scripts send up to 512 prompts x 5 rollouts = 2,560 queries in one request.
     max_queries: int = 4096
     max_topk: int = 100
+    # A longer query is cut to its first max_query_chars characters (whole words), then to its first
+    # max_query_terms distinct analysed terms (Lucene's default clause limit): BM25Searcher.cut_query.
     max_query_chars: int = 4096
+    max_query_terms: int = 1024
     max_body_bytes: int = 16 * 1024 * 1024
     # Passages in one answer (queries x topk): 2,560 x 3 is 7,680; 4,096 x 100 would be ~1 GB of JSON.
     max_passages: int = 65_536
@@ -199,8 +221,6 @@ def parse_retrieve_request(body: bytes, limits: ServerLimits) -> tuple[list[str]
     for i, q in enumerate(queries):
         if not isinstance(q, str):
             raise BadRequest(f'"queries"[{i}] must be a string, got {type(q).__name__}')
-        if len(q) > limits.max_query_chars:
-            raise BadRequest(f'"queries"[{i}] has {len(q)} characters; at most {limits.max_query_chars}')
         if not q.isascii():
             try:
                 q.encode("utf-8")
@@ -238,6 +258,30 @@ def document(hit: Hit) -> dict[str, str]:
     return {"id": hit.docid, "title": head.strip('"'), "text": rest, "contents": hit.contents}
 
 
+def cut_long_queries(searcher: Any, queries: list[str], limits: ServerLimits) -> tuple[list[str], dict[int, str]]:
+    """The queries to search: each over-long one in its cut form (`searcher.cut_query`, see the
+    module docstring), the others as sent. Also returns {index: cut form} of the cut ones."""
+    cut: dict[int, str] = {}
+    shortest_to_check = min(limits.max_query_chars, limits.max_query_terms)  # a term is >= 1 character
+    for i, q in enumerate(queries):
+        if len(q) > shortest_to_check:
+            form = searcher.cut_query(q, limits.max_query_chars, limits.max_query_terms)
+            if form != q:
+                cut[i] = form
+    if not cut:
+        return queries, cut
+    return [cut.get(i, q) for i, q in enumerate(queries)], cut
+
+
+def describe_cuts(queries: list[str], cut: dict[int, str], limits: ServerLimits, shown: int = 3) -> str:
+    """One log line for a request whose over-long queries were cut."""
+    details = [f"[{i}] {len(queries[i])} -> {len(form)} characters" for i, form in list(cut.items())[:shown]]
+    more = f" and {len(cut) - shown} more" if len(cut) > shown else ""
+    return (f"cut {len(cut)} of {len(queries)} queries of a request to the query limits "
+            f"({limits.max_query_chars} characters, {limits.max_query_terms} distinct terms): "
+            f"{', '.join(details)}{more}")  # fmt: skip
+
+
 def format_results(hits: list[list[Hit]], return_scores: bool) -> list[list[dict[str, Any]]]:
     """Search-R1's response shape: documents with scores, or bare documents."""
     if return_scores:
@@ -263,6 +307,8 @@ def create_app(
     batcher = Batcher(searcher, lucene_threads, max_batch_queries) if batching else None
     started = time.time()
     app.extensions["agentgym_batcher"] = batcher
+    cut_counter_lock = threading.Lock()
+    cut_counts = {"cut_queries": 0, "requests_with_cut_queries": 0}
 
     def reply(obj: Any, status: int = 200) -> Response:
         try:
@@ -280,6 +326,13 @@ def create_app(
         if not queries:  # Search-R1's loop asks with no queries when no rollout searched in a turn
             return reply({"result": []})
         try:
+            searched, cut = cut_long_queries(searcher, queries, limits)
+            if cut:
+                with cut_counter_lock:
+                    cut_counts["cut_queries"] += len(cut)
+                    cut_counts["requests_with_cut_queries"] += 1
+                log.info(describe_cuts(queries, cut, limits))
+            queries = searched
             if batcher is not None:
                 hits = batcher.search(queries, topk)
             else:  # each request takes the JVM lock for its own queries (--no-batching, for comparisons)
@@ -301,6 +354,7 @@ def create_app(
             "batching": batcher is not None,
             "uptime_s": round(time.time() - started, 3),
             "limits": limits.__dict__,
+            **cut_counts,
         }
         if batcher is not None:
             body["batches"] = batcher.batches
@@ -359,6 +413,11 @@ def serve(
     from agentgym_opsd.io import atomic_write_text
     from retrieval_index.lucene import BM25Searcher
 
+    if not log.handlers:  # the server's own lines (cut queries) go to stderr, with the time
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s retrieval server: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     searcher = BM25Searcher(index_dir, k1=k1, b=b)
     app = create_app(searcher, batching=batching, lucene_threads=lucene_threads,
                      max_batch_queries=max_batch_queries, limits=limits)  # fmt: skip

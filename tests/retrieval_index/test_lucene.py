@@ -97,6 +97,74 @@ def test_queries_beyond_lucenes_default_clause_limit_work(searcher: BM25Searcher
         searcher.search("Paris", k=0)
 
 
+def analysed_terms(searcher: BM25Searcher, text: str) -> list[str]:
+    """The terms the searcher's analyzer makes of `text`, in order (what its Lucene query is built from)."""
+    from retrieval_index.lucene import JVM_LOCK, java_class
+
+    utils = java_class("io.anserini.analysis.AnalyzerUtils")
+    with JVM_LOCK:
+        return [str(t) for t in utils.analyze(searcher._searcher.get_analyzer(), text)]
+
+
+def test_cut_query_keeps_whole_words_within_the_character_limit(searcher: BM25Searcher) -> None:
+    words = [f"{w}{i}" for i, w in enumerate(["river", "music", "empire", "saint"] * 50)]
+    query = " ".join(words)
+    assert searcher.cut_query(query, max_chars=len(query), max_terms=1024) is query  # within both: untouched
+    for limit in (50, 51, 52, 53, 300):
+        cut = searcher.cut_query(query, max_chars=limit, max_terms=1024)
+        fitting = max(n for n in range(len(words) + 1) if len(" ".join(words[:n])) <= limit)
+        assert cut == " ".join(words[:fitting]), limit  # as many whole words as fit
+    assert searcher.cut_query("x" * 100, max_chars=40, max_terms=1024) == "x" * 40  # one word: its first 40 characters
+    assert searcher.cut_query("   " + "x" * 100, max_chars=40, max_terms=1024) == "   " + "x" * 37
+    assert searcher.cut_query("ab cd\tef\n" + "g" * 50, max_chars=12, max_terms=1024) == "ab cd\tef"
+
+
+def test_cut_query_keeps_the_first_distinct_terms(searcher: BM25Searcher) -> None:
+    query = " ".join(f"t{i}" for i in range(1500))
+    cut = searcher.cut_query(query, max_chars=MAX_QUERY_CHARS, max_terms=1024)
+    assert cut == " ".join(f"t{i}" for i in range(1024))
+    assert searcher.cut_query(cut, max_chars=MAX_QUERY_CHARS, max_terms=1024) is cut
+    # Distinct terms after the analyzer: stopwords are not terms, repeats and stems count once,
+    # and characters outside the Basic Multilingual Plane (two UTF-16 units in Java) cut right.
+    han = "".join(chr(0x4E00 + i) for i in range(40))
+    query = "The rivers of the river, a RIVER \U0001F600 \U0001D4B3 " + han + " Paris"
+    assert analysed_terms(searcher, query)[:4] == ["river", "river", "river", "\U0001F600"]
+    cut = searcher.cut_query(query, max_chars=MAX_QUERY_CHARS, max_terms=10)
+    assert cut == "The rivers of the river, a RIVER \U0001F600 \U0001D4B3 " + han[:7]
+    assert len(set(analysed_terms(searcher, cut))) == 10
+    assert analysed_terms(searcher, cut) == analysed_terms(searcher, query)[: len(analysed_terms(searcher, cut))]
+    # First characters, then terms.
+    assert searcher.cut_query("river " * 5 + " ".join(han), max_chars=35, max_terms=2) == "river " * 5 + han[0]
+    assert searcher.cut_query("river " * 5 + han, max_chars=35, max_terms=2) == ("river " * 5).strip()  # han: one word
+    with pytest.raises(ValueError, match=">= 1"):
+        searcher.cut_query("Paris", max_chars=0, max_terms=10)
+
+
+def test_the_cut_form_runs_under_lucenes_default_clause_limit(searcher: BM25Searcher) -> None:
+    """One clause per distinct term: 1,024 (Lucene's default limit, which Search-R1's server keeps)
+    run, 1,025 fail. Our JVM raises the limit for in-process searches; here it is set back to the
+    default for the test."""
+    from retrieval_index.lucene import JVM_LOCK, java_class
+
+    index_searcher = java_class("org.apache.lucene.search.IndexSearcher")
+    query = " ".join(f"t{i}" for i in range(1500)) + " France"
+    cut = searcher.cut_query(query, max_chars=MAX_QUERY_CHARS, max_terms=1024)
+    cut_answer = searcher.search(cut, k=2)
+    with JVM_LOCK:
+        raised = index_searcher.getMaxClauseCount()
+        index_searcher.setMaxClauseCount(1024)
+        try:
+            with pytest.raises(RuntimeError, match="TooManyClauses"):
+                searcher.search(query, k=2)
+            with pytest.raises(RuntimeError, match="TooManyClauses"):
+                searcher.search(" ".join(f"t{i}" for i in range(1025)), k=2)
+            assert searcher.search(cut, k=2) == cut_answer  # the same answer under either limit
+            assert searcher.search(" ".join(f"t{i}" for i in range(1023)) + " France", k=2)
+        finally:
+            index_searcher.setMaxClauseCount(raised)
+    assert searcher.search(query, k=2)  # back to the raised limit
+
+
 def test_concurrent_threads_get_the_same_answers_as_one_thread(searcher: BM25Searcher) -> None:
     queries = [f"{w} history" for w in ("France", "Egypt", "music", "river", "war", "physics", "Rome", "film")]
     expected = [[h.docid for h in searcher.search(q, k=3)] for q in queries]

@@ -74,7 +74,6 @@ BAD_BODIES = [
     (b'{"queries": ["Paris"], "topk": true}', "must be an integer"),
     (b'{"queries": ["Paris"], "return_scores": "yes"}', "true or false"),
     (json.dumps({"queries": ["Paris"] * (ServerLimits.max_queries + 1)}).encode(), f"at most {ServerLimits.max_queries}"),
-    (json.dumps({"queries": ["x" * 4097]}).encode(), "at most 4096"),
     (json.dumps({"queries": ["Paris"] * 1000, "topk": 100}).encode(), "100000 passages; at most 65536"),
     ("{\"queries\": [\"\udcff\"]}".encode("utf-8", "surrogatepass"), "not valid JSON"),
     (b'{"queries": ["\\udcff"]}', "unpaired surrogate"),
@@ -86,6 +85,39 @@ def test_bad_requests_get_400_with_a_reason(retrieval_server: RetrievalServer, b
     r = requests.post(f"{retrieval_server.url}/retrieve", data=body, headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 400
     assert message in r.json()["error"]
+
+
+def test_queries_at_the_limits_are_searched_as_sent_and_one_past_them_are_cut(
+    retrieval_server: RetrievalServer, searcher: BM25Searcher
+) -> None:
+    """4,096 characters and 1,024 distinct terms are searched as they are; one character or one
+    distinct term more is searched in its cut form and counted in /health. Repeated terms count
+    once: 1,500 tokens of 10 distinct terms are searched as sent."""
+    han = "".join(chr(0x4E00 + i) for i in range(1100))  # CJK ideographs: one term each
+    head = "capital France history " * 40  # 3 distinct terms (capit, franc, histori), 960 characters
+    at_chars = ("capital " * 512).strip() + "s"  # 4,096 characters
+    over_chars = at_chars + "x"  # 4,097: the cut splits the last word ("capitalsx"), so it goes
+    at_terms = head + han[:1021]  # 1,024 distinct terms in 1,981 characters
+    over_terms = head + han[:1022]
+    repeats = "river " * 2000  # 12,000 characters, 1 distinct term
+    cases = [  # (query, the form searched)
+        (at_chars, at_chars),
+        (over_chars, ("capital " * 511).strip()),
+        (at_terms, at_terms),
+        (over_terms, at_terms),
+        ("Paris " + "music " * 300 + han[:1100], "Paris " + "music " * 300 + han[:1022]),
+        (han[:10] * 150, han[:10] * 150),
+        (repeats, ("river " * 682).strip()),  # 4,092 characters: the split word ("rive|r") goes
+    ]
+    before = requests.get(f"{retrieval_server.url}/health", timeout=10).json()
+    r = requests.post(f"{retrieval_server.url}/retrieve", json={"queries": [q for q, _ in cases], "topk": 3,
+                                                                 "return_scores": True}, timeout=60)  # fmt: skip
+    assert r.status_code == 200
+    for (query, searched), row in zip(cases, r.json()["result"], strict=True):
+        assert [item["document"]["id"] for item in row] == [h.docid for h in searcher.search(searched, 3)], query[:40]
+        assert [item["score"] for item in row] == [h.score for h in searcher.search(searched, 3)]
+    after = requests.get(f"{retrieval_server.url}/health", timeout=10).json()
+    assert after["cut_queries"] - before["cut_queries"] == sum(q != searched for q, searched in cases) == 4
 
 
 def test_size_limits_and_unknown_routes_answer_json(retrieval_server: RetrievalServer) -> None:
