@@ -145,7 +145,7 @@ def main() -> int:
     from textworld.envs import PddlEnv
 
     from environments.alfworld.env import AlfWorldEnv
-    from environments.alfworld import compiled as compiled_module
+    from environments.alfworld.compiled import compile_game, forget_compiled_games
     from environments.alfworld.engine import AlfredEngine
 
     rng = random.Random(0)
@@ -177,14 +177,14 @@ def main() -> int:
     first = []
     probe = AlfredEngine()
     for _, _, game_file, _ in plans:
-        compiled_module._COMPILED.clear()
+        forget_compiled_games()
         t0 = time.perf_counter()
-        probe.load(compiled_module.compile_game(game_file, disk_cache=False))
+        probe.load(compile_game(game_file, disk_cache=False))
         probe.reset()
         first.append(time.perf_counter() - t0)
     probe.close()
     # A new process: empty in-process cache, translations read from the disk cache (what a new worker sees).
-    compiled_module._COMPILED.clear()
+    forget_compiled_games()
     cold = []
     for env, index, _, _ in plans:
         t0 = time.perf_counter()

@@ -623,7 +623,7 @@ def alfworld_play_child(n: int, out: Path, steps: int) -> None:
     import random
 
     from agentgym_opsd.io import atomic_write_json
-    from environments.alfworld import compiled as compiled_module
+    from environments.alfworld.compiled import compile_game, forget_compiled_games
     from environments.alfworld.engine import AlfredEngine
     from environments.alfworld.env import AlfWorldEnv
     from tqdm.auto import tqdm
@@ -663,9 +663,9 @@ def alfworld_play_child(n: int, out: Path, steps: int) -> None:
     cold = []
     probe = AlfredEngine()
     for entry in env.games[:: max(1, len(env.games) // 12)][:12]:
-        compiled_module._COMPILED.clear()
+        forget_compiled_games()
         t = time.perf_counter()
-        probe.load(compiled_module.compile_game(entry.game_file, disk_cache=False))
+        probe.load(compile_game(entry.game_file, disk_cache=False))
         probe.reset()
         cold.append(time.perf_counter() - t)
     probe.close()

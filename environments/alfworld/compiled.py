@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.io import DataFileError, parse_json
-from environments.alfworld.grammar import _PARSE_LOCK, _TW, GameFileError, _Grammar, _grammar_for, _Renderer
+from environments.alfworld.grammar import GameFileError, Grammar, Renderer, TextWorldImports, grammar_for
 from environments.alfworld.paths import alfworld_package_dir, cache_root
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "CompiledGame",
     "bound_interned_propositions",
     "compile_game",
+    "forget_compiled_games",
     "modernize_game_data",
     "negated_predicates_read",
     "read_game_file",
@@ -130,7 +131,7 @@ def _translate(domain: str, problem: str):
 
     `pddl2sas` overwrites `sys.argv` (its option module reads it) and keeps module-level options: it is
     serialised and `sys.argv` is put back."""
-    tw = _TW.load()
+    tw = TextWorldImports.load()
     with _TRANSLATE_LOCK:
         argv = list(sys.argv)
         try:
@@ -147,7 +148,7 @@ def _translate(domain: str, problem: str):
 
 
 @dataclass
-class _Operator:
+class Operator:
     """One fast-downward operator as a command: what the engine needs to apply it and describe it."""
 
     action: str
@@ -174,7 +175,7 @@ class CompiledGame:
     key: str
     modernized: bool
     walkthrough: list[str] | None
-    grammar: _Grammar
+    grammar: Grammar
     task_rule: list[Any] | None
     sas_compressed: bytes
     action_params: dict[str, list[tuple[str, str]]]
@@ -186,8 +187,8 @@ class CompiledGame:
     initial_facts: Any = None  # a TextWorld State, set on the first load
     intro: str | None = None
     initial_ops: list[tuple[int, int, str]] | None = None
-    operators: dict[str, _Operator] = field(default_factory=dict)
-    renderer: _Renderer | None = None
+    operators: dict[str, Operator] = field(default_factory=dict)
+    renderer: Renderer | None = None
     first_load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -230,7 +231,7 @@ def bound_interned_propositions(limit: int | None = None) -> int:
     table = mementos_core._memento_cache
     if len(table) <= limit:
         return 0
-    proposition = _TW.load().Proposition
+    proposition = TextWorldImports.load().Proposition
 
     def interned_proposition(key: Any) -> bool:
         return type(key) is tuple and bool(key) and isinstance(key[0], type) and issubclass(key[0], proposition)
@@ -239,6 +240,13 @@ def bound_interned_propositions(limit: int | None = None) -> int:
     kept = {k: v for k, v in snapshot.items() if not interned_proposition(k)}
     mementos_core._memento_cache = kept
     return len(snapshot) - len(kept)
+
+
+def forget_compiled_games() -> None:
+    """Empty this process's cache of compiled games, as in a new process (translations on disk stay)."""
+    with _COMPILED_LOCK:
+        _COMPILED.clear()
+        _KEYS_OF_FILES.clear()
 
 
 def _file_identity(path: Path, modernize: bool) -> tuple | None:
@@ -350,7 +358,7 @@ def _save_translation(path: Path, translation: dict[str, Any]) -> None:
 
 def _translation(data: Mapping[str, Any]) -> dict[str, Any]:
     """fast-downward's translation of a game, as plain JSON-able data (what PddlState computes at reset)."""
-    tw = _TW.load()
+    tw = TextWorldImports.load()
     task, sas = _translate(data["pddl_domain"], data["pddl_problem"])
     name2type = {o.name: o.type_name for o in task.objects}
     init_facts: list[list[Any]] = []
@@ -380,14 +388,9 @@ def _translation(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _from_translation(key: str, data: dict[str, Any], modernized: bool, translation: Mapping[str, Any]) -> CompiledGame:
-    tw = _TW.load()
-    grammar, task_rule = _grammar_for(data["pddl_domain"], data["grammar"])
-    with _PARSE_LOCK:  # the parsed logic is shared by every game with this grammar
-        for name, supertypes in translation["types"]:  # as PddlState does: the types the grammar queries use
-            try:
-                grammar.logic.types.add(tw.logic.Type(name, supertypes))
-            except ValueError:
-                pass
+    tw = TextWorldImports.load()
+    grammar, task_rule = grammar_for(data["pddl_domain"], data["grammar"])
+    grammar.add_types(translation["types"])
     # Names are interned and one Variable per object is shared by its facts: the parsed JSON holds a
     # string per mention (thousands per game), which a game kept in memory would hold on to.
     intern = sys.intern

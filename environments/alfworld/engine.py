@@ -30,8 +30,8 @@ import threading
 from collections import Counter, defaultdict
 from typing import Any
 
-from environments.alfworld.compiled import CompiledGame, _Operator
-from environments.alfworld.grammar import _TW, _queries_in, _reads_only, _Renderer
+from environments.alfworld.compiled import CompiledGame, Operator
+from environments.alfworld.grammar import Renderer, TextWorldImports, text_reads_only
 from environments.alfworld.paths import import_alfworld
 
 __all__ = ["AlfredEngine", "NOTHING_HAPPENS"]
@@ -51,7 +51,7 @@ class _FactState:
 
     @staticmethod
     def empty(logic):
-        tw = _TW.load()
+        tw = TextWorldImports.load()
         state = tw.logic.State.__new__(tw.logic.State)
         state._logic = logic
         state._facts = defaultdict(set)
@@ -88,7 +88,7 @@ class _LibraryPool:
         with self._lock:
             if self._free:
                 return self._free.pop()
-        return _TW.load().fast_downward.load_lib()
+        return TextWorldImports.load().fast_downward.load_lib()
 
     def release(self, lib) -> None:
         if lib is not None:
@@ -176,7 +176,7 @@ class AlfredEngine:
             self.last_feedback = NOTHING_HAPPENS
             return NOTHING_HAPPENS
         op_id, n_effects, op_name = entry
-        tw = _TW.load()
+        tw = TextWorldImports.load()
         effects = (tw.pddl_logic.Atom * n_effects)()
         self._lib.apply_operator(op_id, effects)
         name2type = self.game.name2type
@@ -225,7 +225,7 @@ class AlfredEngine:
     def _first_load(self, game: CompiledGame) -> None:
         """Initial facts, names, intro and initial commands of a game (once per process, under the
         game's `first_load_lock`; `initial_ops`, which other threads check, is set last)."""
-        tw = _TW.load()
+        tw = TextWorldImports.load()
         state = _FactState.empty(game.grammar.logic)
         state.add_facts(game.init_facts)
         size = self._lib.get_state_size()
@@ -252,14 +252,14 @@ class AlfredEngine:
         for info in infos.values():
             info.name = demangler.demangle_alfred_name(info.id) if "_bar_" in info.id else info.id
         game.infos = infos
-        game.renderer = _Renderer(game.grammar, game.task_rule, infos)
+        game.renderer = Renderer(game.grammar, game.task_rule, infos)
         game.initial_facts = state
         self.facts = state
         game.intro = game.renderer.render(game.grammar.symbols("#intro#"), state, {}, {})
         game.initial_ops = self._applicable()
 
     def _applicable(self) -> list[tuple[int, int, str]]:
-        tw = _TW.load()
+        tw = TextWorldImports.load()
         count = self._lib.get_applicable_operators_count()
         ops = (tw.fast_downward.Operator * count)()
         self._lib.get_applicable_operators(ops)
@@ -277,23 +277,20 @@ class AlfredEngine:
         self._commands = commands
         self.admissible_commands = sorted(commands)
 
-    def _operator(self, name: str) -> _Operator:
+    def _operator(self, name: str) -> Operator:
         game = self.game
         op = game.operators.get(name)
         if op is not None:
             return op
-        tw = _TW.load()
+        tw = TextWorldImports.load()
         action, *args = name.split()
         params = game.action_params[action]
         # fast-downward may add parameters for quantified variables (examineReceptacle's ?l); the operator
         # name lists only the declared ones, which zip pairs up, as in PddlState.all_applicable_actions.
         mapping = {tw.Placeholder(p, t): tw.Variable(a, t) for (p, t), a in zip(params, args)}
         variables = {ph.name: game.infos[var.name] for ph, var in mapping.items()}
-        template = game.grammar.templates[action]
-        queries = _queries_in(template)
-        cacheable = all(q != "#nonterminal#" and _reads_only(q, game.static_predicates) for q in queries)
-        op = _Operator(action=action, command=None, variables=variables, mapping=mapping)
-        if cacheable:
+        op = Operator(action=action, command=None, variables=variables, mapping=mapping)
+        if text_reads_only(game.grammar.templates[action], game.static_predicates):
             op.command = self._render_command(op)
         game.operators[name] = op
         return op
@@ -302,7 +299,7 @@ class AlfredEngine:
         op = self._operator(name)
         return op.command if op.command is not None else self._render_command(op)
 
-    def _render_command(self, op: _Operator) -> str:
+    def _render_command(self, op: Operator) -> str:
         game = self.game
         text = game.renderer.render(game.grammar.templates[op.action], self.facts, dict(op.variables), dict(op.mapping))
         if "{" in text:  # PddlEnv formats the derived template with every entity's name

@@ -1,6 +1,6 @@
 """The ALFRED text grammar of a game: parsed once per process, rendered into text.
 
-Owns the lazy import of TextWorld and fast-downward (`_TW`) and `GameFileError`, which every layer above raises.
+Owns the lazy import of TextWorld and fast-downward (`TextWorldImports`) and `GameFileError`, which every layer above raises.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["GameFileError"]
+__all__ = ["GameFileError", "Grammar", "Renderer", "TextWorldImports", "grammar_for", "text_reads_only"]
 
 
 class GameFileError(ValueError):
@@ -26,13 +26,13 @@ class GameFileError(ValueError):
 # TextWorld pieces (imported lazily: textworld and fast_downward are heavy).
 
 
-class _TW:
+class TextWorldImports:
     """TextWorld and fast-downward symbols, imported on first use."""
 
     loaded = False
 
     @classmethod
-    def load(cls) -> type[_TW]:
+    def load(cls) -> type[TextWorldImports]:
         if cls.loaded:
             return cls
         try:
@@ -72,7 +72,7 @@ _TASK_PLACEHOLDER = "@@AGENTGYM-TASK@@"
 
 
 @dataclass
-class _Grammar:
+class Grammar:
     """One parsed ALFRED grammar: action templates and feedback rules, and the production rules."""
 
     logic: Any  # textworld.envs.pddl.logic.GameLogic
@@ -89,9 +89,20 @@ class _Grammar:
             self.parsed[text] = out
         return out
 
+    def add_types(self, types: Iterable[tuple[str, list[str]]]) -> None:
+        """Add a game's PDDL types `(name, supertypes)` to the logic, as PddlState does: the grammar's queries
+        use them. The logic is shared by every game with this grammar; a type already there stays."""
+        tw = TextWorldImports.load()
+        with _PARSE_LOCK:
+            for name, supertypes in types:
+                try:
+                    self.logic.types.add(tw.logic.Type(name, supertypes))
+                except ValueError:
+                    pass
+
 
 def _parse_symbols(text: str) -> list[Any]:
-    tw = _TW.load()
+    tw = TextWorldImports.load()
     with _PARSE_LOCK:
         grammar = tw.textgen.ContextSensitiveGrammar.parse(json.dumps({"x": [{"rhs": text}]}))
     return list(grammar._rules["x"][0].rhs)
@@ -104,17 +115,17 @@ def _condition(text: str):
     """A grammar condition or list query, parsed once per process."""
     rule = _CONDITIONS.get(text)
     if rule is None:
-        tw = _TW.load()
+        tw = TextWorldImports.load()
         with _PARSE_LOCK:
             rule = tw.Rule.parse_conjunctive_query(text)
         _CONDITIONS[text] = rule
     return rule
 
 
-_GRAMMARS: dict[str, _Grammar] = {}
+_GRAMMARS: dict[str, Grammar] = {}
 
 
-def _grammar_for(domain: str, grammar_text: str) -> tuple[_Grammar, list[Any] | None]:
+def grammar_for(domain: str, grammar_text: str) -> tuple[Grammar, list[Any] | None]:
     """The parsed grammar of a game, shared by every game whose grammar differs only by its task sentence.
 
     Returns:
@@ -138,12 +149,12 @@ def _release_parse_failures() -> None:
             parser._furthest_exception = None
 
 
-def _grammar_for_locked(domain: str, grammar_text: str) -> tuple[_Grammar, list[Any] | None]:
+def _grammar_for_locked(domain: str, grammar_text: str) -> tuple[Grammar, list[Any] | None]:
     match = _TASK_RULE.search(grammar_text)
     task_rhs: list[Any] | None = None
     if match is not None:
         key = grammar_text[: match.start(2)] + _TASK_PLACEHOLDER + grammar_text[match.end(2) :]
-        tw = _TW.load()
+        tw = TextWorldImports.load()
         task_text = json.loads(f'"{match.group(2)}"')
         task_grammar = tw.textgen.ContextSensitiveGrammar.parse(json.dumps({"task": [{"rhs": task_text}]}))
         task_rhs = list(task_grammar._rules["task"][0].rhs)
@@ -157,8 +168,8 @@ def _grammar_for_locked(domain: str, grammar_text: str) -> tuple[_Grammar, list[
     return grammar, task_rhs
 
 
-def _parse_grammar(domain: str, grammar_text: str) -> _Grammar:
-    tw = _TW.load()
+def _parse_grammar(domain: str, grammar_text: str) -> Grammar:
+    tw = TextWorldImports.load()
     try:
         logic = tw.pddl_logic.GameLogic(domain=domain, grammar=grammar_text)
     except Exception as e:
@@ -168,10 +179,10 @@ def _parse_grammar(domain: str, grammar_text: str) -> _Grammar:
         rules[name] = [(_condition(p.condition) if p.condition else None, list(p.rhs)) for p in productions]
     templates = {name: _parse_symbols(a.template) for name, a in logic.actions.items()}
     feedback = {name: _parse_symbols(a.feedback_rule) for name, a in logic.actions.items()}
-    return _Grammar(logic=logic, rules=rules, templates=templates, feedback=feedback)
+    return Grammar(logic=logic, rules=rules, templates=templates, feedback=feedback)
 
 
-class _Renderer:
+class Renderer:
     """Derives text from grammar symbols, with the semantics of TextWorld's ContextSensitiveGrammar.derive.
 
     A context is `(variables, mapping)`: `variables` maps placeholder names to EntityInfo (what `{r.name}`
@@ -181,8 +192,8 @@ class _Renderer:
     and `list_empty` productions.
     """
 
-    def __init__(self, grammar: _Grammar, task_rule: list[Any] | None, infos: Mapping[str, Any]) -> None:
-        tw = _TW.load()
+    def __init__(self, grammar: Grammar, task_rule: list[Any] | None, infos: Mapping[str, Any]) -> None:
+        tw = TextWorldImports.load()
         self.rules = grammar.rules
         self.task_rule = task_rule
         self.infos = infos
@@ -253,7 +264,7 @@ class _Renderer:
 
 def _queries_in(symbols: Iterable[Any]) -> list[str]:
     """The list/conditional queries of a symbol sequence (to tell whether its text can change)."""
-    tw = _TW.load()
+    tw = TextWorldImports.load()
     tg = tw.textgen
     out: list[str] = []
     stack = list(symbols)
@@ -270,7 +281,13 @@ def _queries_in(symbols: Iterable[Any]) -> list[str]:
     return out
 
 
-
 def _reads_only(query: str, static_predicates: frozenset[str]) -> bool:
     rule = _condition(query)
     return all(p.name in static_predicates for p in rule.preconditions)
+
+
+def text_reads_only(symbols: Iterable[Any], predicates: frozenset[str]) -> bool:
+    """Whether the text of `symbols` depends on facts of `predicates` alone: it has no non-terminal (a
+    production may have conditions) and each of its list and conditional queries reads only those predicates.
+    Such a text is the same in every state of a game whose `predicates` no action changes."""
+    return all(q != "#nonterminal#" and _reads_only(q, predicates) for q in _queries_in(symbols))

@@ -17,12 +17,13 @@ import pytest
 from environments.alfworld import compiled as compiled_module
 from environments.alfworld import data as data_module
 from environments.alfworld.compiled import compile_game
+from environments.alfworld.grammar import TextWorldImports
 
 
 def interned_propositions() -> int:
     import mementos.core
 
-    proposition = compiled_module._TW.load().Proposition
+    proposition = TextWorldImports.load().Proposition
     return sum(1 for key in list(mementos.core._memento_cache) if type(key) is tuple and key and key[0] is proposition)
 
 
