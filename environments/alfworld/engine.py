@@ -110,11 +110,9 @@ class AlfredEngine:
     def __init__(self) -> None:
         self.game: CompiledGame | None = None
         self._lib = None
-        self._loaded_key: str | None = None
         self.facts = None
         self.won = False
         self.moves = 0
-        self.last_feedback = ""
         self._commands: dict[str, tuple[int, int, str]] = {}
         self.admissible_commands: list[str] = []
         self._fluents: set[tuple[str, tuple[str, ...]]] = set()
@@ -128,7 +126,6 @@ class AlfredEngine:
     def close(self) -> None:
         """Give the fast-downward library back to the pool."""
         lib, self._lib = self._lib, None
-        self._loaded_key = None
         _LIBRARIES.release(lib)
 
     def __del__(self) -> None:  # an engine dropped without close() still returns its library
@@ -147,7 +144,6 @@ class AlfredEngine:
         if self._lib is None:
             self._lib = _LIBRARIES.acquire()
         self._lib.load_sas(game.sas)  # decompressed here: a game in memory keeps it compressed
-        self._loaded_key = game.key
         if game.initial_ops is None:  # set last by _first_load: when it is there, everything is
             with game.first_load_lock:
                 if game.initial_ops is None:
@@ -161,7 +157,6 @@ class AlfredEngine:
         self.moves = 0
         self.won = bool(self._lib.check_goal())
         self._set_operators(game.initial_ops)
-        self.last_feedback = game.intro
         return game.intro
 
     def step(self, command: str) -> str:
@@ -173,7 +168,6 @@ class AlfredEngine:
         command = command.strip()
         entry = self._commands.get(command)
         if entry is None:
-            self.last_feedback = NOTHING_HAPPENS
             return NOTHING_HAPPENS
         op_id, n_effects, op_name = entry
         tw = TextWorldImports.load()
@@ -194,7 +188,6 @@ class AlfredEngine:
         )
         self.won = bool(self._lib.check_goal())
         self._set_operators(self._applicable())
-        self.last_feedback = feedback
         return feedback
 
     def state_key_parts(self) -> tuple[str, tuple]:
