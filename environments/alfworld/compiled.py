@@ -1,4 +1,18 @@
-"""Game files and what is derived once from each: reading, modernizing, translating and caching (`compile_game`)."""
+"""ALFWorld game files, and what is derived once from each game: `compile_game` -> `CompiledGame`.
+
+- `read_game_file(path) -> dict`: a `game.tw-pddl` file: `pddl_domain` (ALFRED's PDDL domain), `grammar` (ALFRED's
+  text grammar, the task sentence written in), `pddl_problem` (the room), `solvable`, `walkthrough`.
+- `modernize_game_data(data) -> (data, changed)`: a json_2.1.1-era game brought up to alfworld 0.4's actions.
+- `compile_game(path | data) -> CompiledGame`: fast-downward's PDDL -> SAS translation, the objects' types, the
+  initial facts and the parsed grammar of a game, shared by every engine of the process.
+- `GameFileError` (from `grammar`): a game that cannot be read, translated or played; the message names it.
+
+Why: TextWorld's `PddlEnv` translates the PDDL again (twice) at every reset. Here a game is translated once per
+machine (the translation is kept under `<cache>/compiled/<game hash>.json.gz`) and compiled once per process
+(kept by content, and found by an unchanged file's identity without reading it). A process keeps
+`COMPILED_CACHE_SIZE` games ($AGENTGYM_ALFWORLD_GAME_CACHE, default 512) and bounds TextWorld's table of interned
+propositions (`bound_interned_propositions`), so that cycling through ALFWorld's 3,553 games holds its memory.
+"""
 
 from __future__ import annotations
 
@@ -46,7 +60,6 @@ def negated_predicates_read(grammar_text: str) -> frozenset[str]:
     return frozenset(f"not_{name.lower()}" for name in _NEGATED_READ.findall(grammar_text))
 
 
-
 # ---------------------------------------------------------------------------------------------------------
 # Game files of the json_2.1.1 era.
 
@@ -57,7 +70,10 @@ def negated_predicates_read(grammar_text: str) -> frozenset[str]:
 _LEGACY_PUT_TEMPLATE = "put {o} in/on {r}"
 _LEGACY_PUT_FEEDBACK = "You put the {o.name} in/on the {r.name}."
 _LEGACY_GOTO_FEEDBACK = "You arrive at {lend.name}."
-_HELP_ACTION_PDDL = "(:action help\n    :parameters (?a - agent)\n    :precondition\n        ()\n    :effect\n        (and\n            (checked ?a)\n        )\n)\n"
+_HELP_ACTION_PDDL = (
+    "(:action help\n    :parameters (?a - agent)\n    :precondition\n        ()\n"
+    "    :effect\n        (and\n            (checked ?a)\n        )\n)\n"
+)
 
 
 def _help_grammar_from(grammar_text: str) -> str:
@@ -122,7 +138,6 @@ def read_game_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-
 _TRANSLATE_LOCK = threading.Lock()
 
 
@@ -136,11 +151,10 @@ def _translate(domain: str, problem: str):
         argv = list(sys.argv)
         try:
             return tw.fast_downward.pddl2sas(domain, problem, verbose=False)
-        except (Exception, SystemExit) as e:  # its parser may sys.exit() on bad input
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure is the game's; its parser may sys.exit()
             raise GameFileError(f"fast-downward could not translate the game's PDDL: {type(e).__name__}: {e}") from None
         finally:
             sys.argv[:] = argv
-
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -162,14 +176,29 @@ class CompiledGame:
     """Everything derived once from a game file (shared by every engine in the process).
 
     What a game keeps is what its resets and steps read: not the game file's JSON, and the SAS
-    translation zlib-compressed (a few hundred kB as text, a tenth of that compressed; decompressing it
-    at a reset costs well under a millisecond), so that a process can hold many games.
+    translation zlib-compressed (a fraction of the text, decompressed at each reset), so that a process
+    can hold many games.
 
-    Attributes:
+    Attributes set by `compile_game`:
         key: hash of the game's domain, grammar and problem (identifies the game's states).
         modernized: the legacy put grammar was rewritten on load.
         walkthrough: the game file's walkthrough (may be None).
+        grammar: the parsed grammar, shared by every game whose grammar differs only by its task sentence.
+        task_rule: this game's own `#task#` production (None: the grammar's).
         sas_compressed: fast-downward's SAS translation, zlib-compressed (`sas` gives it back).
+        action_params: action name -> its declared parameters `(name, type)`, in order.
+        name2type: object name -> its PDDL type.
+        init_facts: the problem's initial facts (TextWorld Propositions).
+        static_predicates: the predicates no action changes.
+        negated_read: the `not_*` facts the grammar's text reads (kept in the state key).
+
+    Attributes set by the first engine that resets the game (under `first_load_lock`; `initial_ops` last):
+        infos: object name -> TextWorld EntityInfo, named as ALFWorld names it ("potato 2").
+        initial_facts: the TextWorld State of the true facts at the start.
+        intro: the intro text.
+        initial_ops: the operators applicable at the start, `(id, number of effects, name)`.
+        renderer: the Renderer of the game's text.
+        operators: operator name -> Operator, filled as the engines first meet each operator.
     """
 
     key: str
@@ -182,9 +211,9 @@ class CompiledGame:
     name2type: dict[str, str]
     init_facts: list[Any]
     static_predicates: frozenset[str]
-    negated_read: frozenset[str] = frozenset()  # `not_*` facts the grammar's text reads (kept in the state key)
-    infos: dict[str, Any] = field(default_factory=dict)  # entity id -> EntityInfo (demangled names)
-    initial_facts: Any = None  # a TextWorld State, set on the first load
+    negated_read: frozenset[str] = frozenset()
+    infos: dict[str, Any] = field(default_factory=dict)
+    initial_facts: Any = None
     intro: str | None = None
     initial_ops: list[tuple[int, int, str]] | None = None
     operators: dict[str, Operator] = field(default_factory=dict)
@@ -210,9 +239,9 @@ _KEYS_OF_FILES: OrderedDict[tuple, str] = OrderedDict()
 _KEYS_OF_FILES_SIZE = 65_536
 MAX_INTERNED_PROPOSITIONS = 50_000
 """TextWorld interns every `Proposition` it makes in a process-wide table (the `mementos` package's
-cache, never emptied): about 2,000 per game, 1 MB, so a process that plays ALFWorld's 3,553 games held
-3.5 GB that no game used any more. Past this many, the interned propositions are forgotten (see
-`bound_interned_propositions`)."""
+cache, never emptied): each game compiled adds its own, so a process that plays ALFWorld's 3,553 games
+held every game's long after it stopped playing them. Past this many, the interned propositions are
+forgotten (see `bound_interned_propositions`)."""
 
 
 def bound_interned_propositions(limit: int | None = None) -> int:
@@ -314,7 +343,7 @@ def compile_game(
         _COMPILED[key] = game
         while len(_COMPILED) > COMPILED_CACHE_SIZE:
             _COMPILED.popitem(last=False)
-    bound_interned_propositions()  # a new game: about 2,000 more interned propositions
+    bound_interned_propositions()  # a new game: its interned propositions
     return game
 
 
@@ -324,7 +353,7 @@ TRANSLATION_FORMAT = 1
 @lru_cache(maxsize=1)
 def _engine_versions() -> dict[str, str]:
     """The format and engine versions a cached translation must match (read once per process: each
-    `importlib.metadata` lookup scans the installed distributions, ~10 ms)."""
+    `importlib.metadata` lookup scans the installed distributions)."""
     from importlib import metadata
 
     out = {"format": str(TRANSLATION_FORMAT)}
@@ -392,7 +421,7 @@ def _from_translation(key: str, data: dict[str, Any], modernized: bool, translat
     grammar, task_rule = grammar_for(data["pddl_domain"], data["grammar"])
     grammar.add_types(translation["types"])
     # Names are interned and one Variable per object is shared by its facts: the parsed JSON holds a
-    # string per mention (thousands per game), which a game kept in memory would hold on to.
+    # string per mention, which a game kept in memory would hold on to.
     intern = sys.intern
     name2type = {intern(k): intern(v) for k, v in translation["name2type"].items()}
     variables: dict[str, Any] = {}
@@ -413,10 +442,11 @@ def _from_translation(key: str, data: dict[str, Any], modernized: bool, translat
         grammar=grammar,
         task_rule=task_rule,
         sas_compressed=zlib.compress(translation["sas"].encode("utf-8"), 1),
-        action_params={intern(k): [(intern(p), intern(t)) for p, t in v] for k, v in translation["action_params"].items()},
+        action_params={
+            intern(k): [(intern(p), intern(t)) for p, t in v] for k, v in translation["action_params"].items()
+        },
         name2type=name2type,
         init_facts=init_facts,
         static_predicates=frozenset(intern(p) for p in translation["static_predicates"]),
         negated_read=negated_predicates_read(data["grammar"]),
     )
-

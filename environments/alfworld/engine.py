@@ -1,27 +1,18 @@
-"""ALFWorld's text engine: TextWorld's PDDL machinery (fast-downward + the ALFRED grammar), compiled once per game.
+"""`AlfredEngine`: plays a compiled ALFWorld game on fast-downward, with ALFWorld's text.
 
-An ALFWorld game is a `game.tw-pddl` file: the ALFRED PDDL domain, the ALFRED text grammar (with the task
-sentence written in), the PDDL problem (the room), a `solvable` flag and a walkthrough. alfworld's
-`AlfredTWEnv` plays it with TextWorld's `PddlEnv` wrapped in `AlfredDemangler` (object names such as
-"potato 2"). That engine repeats a lot of work: every `reset` translates the PDDL again (twice), and every
-step re-parses each command template and feedback rule with a PEG parser and deep-copies its contexts.
+- `engine.load(game)`: the `CompiledGame` (`compiled.compile_game`) that the next `reset` starts.
+- `engine.reset() -> str`: the game's intro; `engine.step(command) -> str`: the feedback, or `NOTHING_HAPPENS`
+  (and no change) for a command that is not admissible.
+- After each: `admissible_commands` (sorted), `won`, `moves`, `facts` (TextWorld `State` of the true facts);
+  `state_key_parts()` (what decides the text the agent can see and the commands it can give).
+- `engine.close()`: gives its copy of fast-downward's library back to the process's pool.
 
-This module plays the same games on the same components and gives the same text, but does each piece
-of per-game work once:
-
-- the PDDL -> SAS translation (`fast_downward.pddl2sas`), the initial facts and the object names are
-  computed once per game file and kept in a per-process cache (`compile_game`);
-- the grammar is parsed once per process (games differ only by their task sentence);
-- each step asks fast-downward's C library for the applicable operators and applies the chosen one,
-  exactly as `PddlEnv` does, and renders the feedback with a small evaluator over TextWorld's parsed
-  grammar symbols, whose conditions and list queries are answered by TextWorld's own
-  `State.all_assignments` over the same facts;
-- the command string of an operator depends only on static facts in the ALFRED grammar, so it is
-  rendered once per operator and cached.
-
-`tests/environments/alfworld/test_parity.py` plays real and generated games side by side with
-alfworld's `AlfredTWEnv` / TextWorld's `PddlEnv` and checks the observations, admissible commands and
-`won` are identical.
+The text, the admissible commands and `won` are those of alfworld's `AlfredTWEnv` (TextWorld's `PddlEnv` in
+`AlfredDemangler`) for the same game and commands; tests/environments/alfworld/test_parity.py plays them side by
+side. As `PddlEnv`, a step asks fast-downward's C library for the operators applicable in the new state and
+never caches admissible commands. Unlike it, a step parses nothing: the feedback is rendered from the grammar
+parsed once per process (`grammar.Renderer`), and a command whose text reads only facts no action changes is
+rendered once per operator.
 """
 
 from __future__ import annotations
@@ -34,7 +25,7 @@ from environments.alfworld.compiled import CompiledGame, Operator
 from environments.alfworld.grammar import Renderer, TextWorldImports, text_reads_only
 from environments.alfworld.paths import import_alfworld
 
-__all__ = ["AlfredEngine", "NOTHING_HAPPENS"]
+__all__ = ["NOTHING_HAPPENS", "AlfredEngine"]
 
 NOTHING_HAPPENS = "Nothing happens."
 
@@ -72,13 +63,12 @@ class _FactState:
         return copy
 
 
-
 # ---------------------------------------------------------------------------------------------------------
 # fast-downward libraries: each engine needs its own copy (the library holds one current state).
 
 
 class _LibraryPool:
-    """Loaded copies of fast-downward's library, reused across engines (loading one copies a 33 MB file)."""
+    """Loaded copies of fast-downward's library, reused across engines (loading one copies the library's file)."""
 
     def __init__(self) -> None:
         self._free: list[Any] = []
@@ -131,7 +121,7 @@ class AlfredEngine:
     def __del__(self) -> None:  # an engine dropped without close() still returns its library
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - a finaliser must not raise
             pass
 
     # -- playing -----------------------------------------------------------------------------------------

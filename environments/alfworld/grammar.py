@@ -1,6 +1,17 @@
-"""The ALFRED text grammar of a game: parsed once per process, rendered into text.
+"""The ALFRED text grammar of a game: parsed once per process, rendered into text as TextWorld renders it.
 
-Owns the lazy import of TextWorld and fast-downward (`TextWorldImports`) and `GameFileError`, which every layer above raises.
+- `grammar_for(domain, grammar_text) -> (Grammar, task_rule)`: the parsed grammar, shared by every game whose
+  grammar differs only by its task sentence; `task_rule` is that game's own `#task#` production (or None).
+- `Renderer(grammar, task_rule, infos).render(symbols, state, variables, mapping) -> str`: text with the semantics
+  of TextWorld's `ContextSensitiveGrammar.derive`; conditions and list queries are answered by TextWorld's
+  `State.all_assignments` over `state`'s facts.
+- `text_reads_only(symbols, predicates) -> bool`: whether a text can change only with facts of `predicates`.
+- `TextWorldImports.load()`: textworld and fast-downward, imported on first use (they are heavy); and
+  `GameFileError`, raised by every module of the engine for a game that cannot be read or played.
+
+Why: TextWorld's `PddlEnv` re-parses each command template and feedback rule with a PEG parser, and deep-copies
+its contexts, at every step; here the parsed symbols are rendered directly. TextWorld's parsers keep state in the
+parser object, so every parse goes through one lock; once a game's grammar is parsed, playing it parses nothing.
 """
 
 from __future__ import annotations
@@ -142,7 +153,7 @@ def grammar_for(domain: str, grammar_text: str) -> tuple[Grammar, list[Any] | No
 def _release_parse_failures() -> None:
     """Drop the furthest parse failure TextWorld's parsers (tatsu) keep after every parse, even a
     successful one: its traceback holds every frame of the caller, locals included, so the last game
-    compiled (its translation, its JSON: about a MB) stayed in memory until the next parse."""
+    compiled (its translation, its JSON) stayed in memory until the next parse."""
     for module in ("textworld.envs.pddl.textgen", "textworld.envs.pddl.logic", "textworld.logic"):
         parser = getattr(sys.modules.get(module), "_PARSER", None)
         if parser is not None and getattr(parser, "_furthest_exception", None) is not None:
@@ -172,7 +183,7 @@ def _parse_grammar(domain: str, grammar_text: str) -> Grammar:
     tw = TextWorldImports.load()
     try:
         logic = tw.pddl_logic.GameLogic(domain=domain, grammar=grammar_text)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever TextWorld's parser raises, the game's grammar is at fault
         raise GameFileError(f"TextWorld could not parse the game's grammar: {type(e).__name__}: {e}") from None
     rules: dict[str, list[tuple[Any, list[Any]]]] = {}
     for name, productions in logic.grammar._rules.items():
@@ -222,7 +233,7 @@ class Renderer:
         if code is None:
             code = compile(expression, "<alfred grammar>", "eval")
             self._code[expression] = code
-        return eval(code, self._globals, variables)  # noqa: S307 - expressions come from the game's grammar
+        return eval(code, self._globals, variables)  # the expressions come from the game's grammar
 
     def _contexts(self, given: str, state, variables, mapping):
         for assignment in state.all_assignments(_condition(given), mapping):
@@ -238,7 +249,8 @@ class Renderer:
         if isinstance(symbol, self._Conditional):
             if not symbol.given:
                 return [self._symbol(symbol.expression, state, variables, mapping)]
-            return [self._symbol(symbol.expression, state, v, m) for v, m in self._contexts(symbol.given, state, variables, mapping)]
+            contexts = self._contexts(symbol.given, state, variables, mapping)
+            return [self._symbol(symbol.expression, state, v, m) for v, m in contexts]
         return [self._symbol(symbol, state, variables, mapping)]
 
     def _symbol(self, symbol, state, variables, mapping) -> str:
