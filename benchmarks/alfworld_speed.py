@@ -145,7 +145,8 @@ def main() -> int:
     from textworld.envs import PddlEnv
 
     from environments.alfworld.env import AlfWorldEnv
-    from environments.alfworld import engine as engine_module
+    from environments.alfworld.compiled import compile_game, forget_compiled_games
+    from environments.alfworld.engine import AlfredEngine
 
     rng = random.Random(0)
     # Games: the first k of each type in the embedded panel's split, plus the real ALFWorld game.
@@ -174,16 +175,16 @@ def main() -> int:
 
     # First use of a game ever: fast-downward translates it (then the translation is cached on disk).
     first = []
-    probe = engine_module.AlfredEngine()
+    probe = AlfredEngine()
     for _, _, game_file, _ in plans:
-        engine_module._COMPILED.clear()
+        forget_compiled_games()
         t0 = time.perf_counter()
-        probe.load(engine_module.compile_game(game_file, disk_cache=False))
+        probe.load(compile_game(game_file, disk_cache=False))
         probe.reset()
         first.append(time.perf_counter() - t0)
     probe.close()
     # A new process: empty in-process cache, translations read from the disk cache (what a new worker sees).
-    engine_module._COMPILED.clear()
+    forget_compiled_games()
     cold = []
     for env, index, _, _ in plans:
         t0 = time.perf_counter()

@@ -623,7 +623,8 @@ def alfworld_play_child(n: int, out: Path, steps: int) -> None:
     import random
 
     from agentgym_opsd.io import atomic_write_json
-    from environments.alfworld import engine as engine_module
+    from environments.alfworld.compiled import compile_game, forget_compiled_games
+    from environments.alfworld.engine import AlfredEngine
     from environments.alfworld.env import AlfWorldEnv
     from tqdm.auto import tqdm
 
@@ -660,11 +661,11 @@ def alfworld_play_child(n: int, out: Path, steps: int) -> None:
             pass
     # The first reset of a game never seen on this machine: fast-downward translates it.
     cold = []
-    probe = engine_module.AlfredEngine()
+    probe = AlfredEngine()
     for entry in env.games[:: max(1, len(env.games) // 12)][:12]:
-        engine_module._COMPILED.clear()
+        forget_compiled_games()
         t = time.perf_counter()
-        probe.load(engine_module.compile_game(entry.game_file, disk_cache=False))
+        probe.load(compile_game(entry.game_file, disk_cache=False))
         probe.reset()
         cold.append(time.perf_counter() - t)
     probe.close()

@@ -32,9 +32,11 @@ from typing import Any
 
 from agentgym_opsd.core import EnvUnavailable, Hindsight, TextEnv, Transition, hash_state
 from agentgym_opsd.parsing import ParsedAction
+from environments.alfworld.compiled import compile_game
 from environments.alfworld.data import GameEntry, discover_games, read_task_params, resolve_data_root
-from environments.alfworld.engine import NOTHING_HAPPENS, AlfredEngine, GameFileError, compile_game
+from environments.alfworld.engine import NOTHING_HAPPENS, AlfredEngine
 from environments.alfworld.expert import SUBSET_OF_TYPE, SUBSETS, TASK_TYPES, ExpertError, TaskSpec, World, plan
+from environments.alfworld.grammar import GameFileError
 from environments.alfworld.panel import SPLITS, PanelSpec, ensure_panel
 
 __all__ = ["AlfWorldEnv", "SUBSETS", "SUBSET_OF_TYPE", "INSTRUCTIONS", "interleave_task_types"]

@@ -105,7 +105,7 @@ def _webshop_items(path: Path):
 
 
 def _alfworld_game(path: Path):
-    from environments.alfworld.engine import read_game_file
+    from environments.alfworld.compiled import read_game_file
 
     return read_game_file(path)
 
@@ -210,7 +210,7 @@ def clean_files(shared_data, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from agentgym_opsd.app.bench import ConfigError as BenchConfigError
-    from environments.alfworld.engine import GameFileError
+    from environments.alfworld.grammar import GameFileError
     from environments.webshop.catalog import CatalogError
     from trainer.openrlhf.config import ConfigError
 

@@ -6,19 +6,16 @@ import gzip
 import json
 import re
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 
-from environments.alfworld import engine as engine_module
-from environments.alfworld.engine import (
-    BOOKKEEPING_PREDICATES,
-    AlfredEngine,
-    GameFileError,
-    compile_game,
-    modernize_game_data,
-    read_game_file,
-)
+from environments.alfworld import compiled as compiled_module
+from environments.alfworld import grammar as grammar_module
+from environments.alfworld.compiled import compile_game, modernize_game_data, read_game_file
+from environments.alfworld.engine import BOOKKEEPING_PREDICATES, AlfredEngine
+from environments.alfworld.grammar import GameFileError
 from environments.alfworld.paths import alfworld_package_dir
 
 
@@ -98,15 +95,15 @@ def test_modernize_leaves_modern_games_alone(real_game: Path) -> None:
 
 def test_translation_is_cached_on_disk_and_argv_is_kept(real_game: Path, tmp_path: Path, monkeypatch) -> None:
     argv = list(sys.argv)
-    monkeypatch.setattr(engine_module, "_COMPILED", engine_module.OrderedDict())
+    monkeypatch.setattr(compiled_module, "_COMPILED", OrderedDict())
     first = compile_game(real_game, cache_dir=tmp_path)
     assert sys.argv == argv  # fast-downward's translator overwrites sys.argv; it is put back
     cached = list((tmp_path / "compiled").glob("*.json.gz"))
     assert [p.name for p in cached] == [f"{first.key}.json.gz"]
 
     # A new process (empty in-memory cache) reads the translation instead of translating again.
-    monkeypatch.setattr(engine_module, "_COMPILED", engine_module.OrderedDict())
-    monkeypatch.setattr(engine_module, "_translate", lambda *a: pytest.fail("translated again"))
+    monkeypatch.setattr(compiled_module, "_COMPILED", OrderedDict())
+    monkeypatch.setattr(compiled_module, "_translate", lambda *a: pytest.fail("translated again"))
     second = compile_game(real_game, cache_dir=tmp_path)
     assert second is not first and second.sas == first.sas
     engine = AlfredEngine()
@@ -122,7 +119,7 @@ def test_translation_is_cached_on_disk_and_argv_is_kept(real_game: Path, tmp_pat
 
     # A damaged cache file is translated again, not an error.
     monkeypatch.undo()
-    monkeypatch.setattr(engine_module, "_COMPILED", engine_module.OrderedDict())
+    monkeypatch.setattr(compiled_module, "_COMPILED", OrderedDict())
     cached[0].write_bytes(gzip.compress(b"{truncated"))
     third = compile_game(real_game, cache_dir=tmp_path)
     assert third.sas == first.sas
@@ -206,7 +203,7 @@ def test_equal_state_keys_show_equal_text_along_random_walks(make_env, real_data
 
 
 def test_state_key_keeps_the_deleted_atoms_the_text_reads(real_game: Path) -> None:
-    from environments.alfworld.engine import negated_predicates_read
+    from environments.alfworld.compiled import negated_predicates_read
 
     grammar = (alfworld_package_dir() / "data" / "alfred.twl2").read_text()
     assert negated_predicates_read(grammar) == {"not_inreceptacle", "not_istoggled"}
@@ -224,8 +221,8 @@ def test_first_loads_and_grammar_parses_are_safe_under_threads(make_env, monkeyp
         obs, info = probe.reset(seed=seed)
         expected.append((obs, tuple(info["step"].admissible_actions)))
     probe.close()
-    for name in ("_COMPILED", "_GRAMMARS", "_CONDITIONS"):
-        monkeypatch.setattr(engine_module, name, type(getattr(engine_module, name))())
+    for module, name in ((compiled_module, "_COMPILED"), (grammar_module, "_GRAMMARS"), (grammar_module, "_CONDITIONS")):
+        monkeypatch.setattr(module, name, type(getattr(module, name))())
 
     n_threads = 8
     barrier = threading.Barrier(n_threads)

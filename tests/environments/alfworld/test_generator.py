@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from environments.alfworld.compiled import compile_game
 from environments.alfworld.data import discover_games, read_traj_data
-from environments.alfworld.engine import AlfredEngine, compile_game
+from environments.alfworld.engine import AlfredEngine
 from environments.alfworld.expert import TASK_TYPES, TaskSpec, World
 from environments.alfworld.generator import (
     room_settings,

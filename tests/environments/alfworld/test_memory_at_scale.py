@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from environments.alfworld import compiled as compiled_module
 from environments.alfworld import data as data_module
-from environments.alfworld import engine as engine_module
-from environments.alfworld.engine import compile_game
+from environments.alfworld.compiled import compile_game
+from environments.alfworld.grammar import TextWorldImports
 
 
 def interned_propositions() -> int:
     import mementos.core
 
-    proposition = engine_module._TW.load().Proposition
+    proposition = TextWorldImports.load().Proposition
     return sum(1 for key in list(mementos.core._memento_cache) if type(key) is tuple and key and key[0] is proposition)
 
 
@@ -34,14 +35,14 @@ def test_interned_propositions_do_not_pile_up_game_after_game(make_env, monkeypa
 
     env = make_env(split="train")
     games = range(min(env.num_tasks, 5))
-    monkeypatch.setattr(engine_module, "MAX_INTERNED_PROPOSITIONS", 0)
+    monkeypatch.setattr(compiled_module, "MAX_INTERNED_PROPOSITIONS", 0)
     alone = []
     for seed in games:  # each game alone: its own propositions
-        monkeypatch.setattr(engine_module, "_COMPILED", OrderedDict())
+        monkeypatch.setattr(compiled_module, "_COMPILED", OrderedDict())
         monkeypatch.setattr(mementos.core, "_memento_cache", {})
         env.reset(seed=seed)
         alone.append(interned_propositions())
-    monkeypatch.setattr(engine_module, "_COMPILED", OrderedDict())
+    monkeypatch.setattr(compiled_module, "_COMPILED", OrderedDict())
     monkeypatch.setattr(mementos.core, "_memento_cache", {})
     in_a_row = []
     for seed in games:
@@ -61,9 +62,9 @@ def test_bound_keeps_other_interned_objects_and_propositions_stay_equal(make_env
     first, _ = env.reset(seed=1)
     commands = env.admissible_actions()[:3]
     before = [env.step(c)[0] for c in commands]
-    monkeypatch.setattr(engine_module, "_COMPILED", OrderedDict())
+    monkeypatch.setattr(compiled_module, "_COMPILED", OrderedDict())
     signatures = sum(1 for k in mementos.core._memento_cache if isinstance(k, tuple) and k and getattr(k[0], "__name__", "") == "Signature")
-    forgotten = engine_module.bound_interned_propositions(0)
+    forgotten = compiled_module.bound_interned_propositions(0)
     assert forgotten > 0 and interned_propositions() == 0
     assert sum(1 for k in mementos.core._memento_cache if isinstance(k, tuple) and k and getattr(k[0], "__name__", "") == "Signature") == signatures
     again, _ = env.reset(seed=1)
@@ -87,8 +88,8 @@ def test_a_game_in_memory_costs_less_than_its_translation_text(real_game: Path, 
     """A compiled game keeps what resets and steps read: not the game file's JSON, and the SAS
     translation compressed. (It used to keep both as read: more than the SAS text alone.)"""
     compile_game(real_game)  # the translation on disk, the grammar parsed: what every later game finds
-    monkeypatch.setattr(engine_module, "_COMPILED", OrderedDict())
-    monkeypatch.setattr(engine_module, "MAX_INTERNED_PROPOSITIONS", 0)
+    monkeypatch.setattr(compiled_module, "_COMPILED", OrderedDict())
+    monkeypatch.setattr(compiled_module, "MAX_INTERNED_PROPOSITIONS", 0)
     game, retained = _retained_bytes(lambda: compile_game(real_game))
     sas = game.sas  # type: ignore[attr-defined]
     assert sas.startswith(b"begin_version")
@@ -104,14 +105,14 @@ def test_a_reset_of_a_game_in_memory_reads_no_file(make_env, monkeypatch, tmp_pa
     def no_read(path):
         raise AssertionError(f"{path} read again")
 
-    monkeypatch.setattr(engine_module, "read_game_file", no_read)
+    monkeypatch.setattr(compiled_module, "read_game_file", no_read)
     again, _ = env.reset(seed=0)
     assert again == first
     monkeypatch.undo()
 
     reads = []
-    real_read = engine_module.read_game_file
-    monkeypatch.setattr(engine_module, "read_game_file", lambda path: reads.append(path) or real_read(path))
+    real_read = compiled_module.read_game_file
+    monkeypatch.setattr(compiled_module, "read_game_file", lambda path: reads.append(path) or real_read(path))
     copy = tmp_path / "game.tw-pddl"
     text = env.games[0].game_file.read_text()
     copy.write_text(text)
@@ -127,13 +128,13 @@ def test_cached_translations_check_engine_versions_once_per_process(make_env, mo
     per process, not at every game's first load (each lookup scans the installed distributions)."""
     from importlib import metadata
 
-    engine_module._engine_versions.cache_clear()
+    compiled_module._engine_versions.cache_clear()
     calls = []
     real_version = metadata.version
     monkeypatch.setattr(metadata, "version", lambda name: calls.append(name) or real_version(name))
     env = make_env(split="train")
     for seed in range(min(env.num_tasks, 4)):
-        monkeypatch.setattr(engine_module, "_COMPILED", OrderedDict())
+        monkeypatch.setattr(compiled_module, "_COMPILED", OrderedDict())
         env.reset(seed=seed)
     assert sorted(calls) == ["fast-downward-textworld", "textworld"]
     env.close()

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 
-from environments.alfworld.engine import compile_game, modernize_game_data
+from environments.alfworld.compiled import compile_game, modernize_game_data
 from environments.alfworld.env import AlfWorldEnv
 from environments.alfworld.expert import TASK_TYPES
 
