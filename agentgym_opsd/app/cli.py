@@ -58,6 +58,43 @@ class _Parser(argparse.ArgumentParser):
 # list
 
 
+def output_width() -> int:
+    """Columns to wrap text to: `$COLUMNS` when set, else the terminal's width, else 100 (output to a
+    file or a pipe); at least 60."""
+    import os
+    import shutil
+
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        width = int(columns)
+    elif sys.stdout.isatty():
+        width = shutil.get_terminal_size((100, 24)).columns
+    else:
+        width = 100
+    return max(60, width)
+
+
+def _pack(items: list[str], width: int, separator: str = ", ") -> list[str]:
+    """`items` joined by `separator` into lines of at most `width` characters, breaking between items
+    (an item longer than a line is wrapped on its own)."""
+    import textwrap
+
+    lines: list[str] = []
+    for number, item in enumerate(items):
+        piece = item + (separator.rstrip() if number < len(items) - 1 else "")
+        if lines and len(lines[-1]) + 1 + len(piece) <= width:
+            lines[-1] += " " + piece
+        else:
+            lines += textwrap.wrap(piece, width, break_on_hyphens=False) or [""]
+    return lines
+
+
+def _wrap(text: str, width: int, indent: str) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+
+
 def _cmd_list_options(env_id: str) -> int:
     import inspect
 
@@ -65,39 +102,60 @@ def _cmd_list_options(env_id: str) -> int:
     if options is None:
         print(f"{env_id}: its constructor does not list its options (it takes **kwargs); see its documentation")
         return 0
-    rows = [("option", "default", "what it is")]
+    width = output_width()
+    lines = _wrap(f"{env_id}: options for --option KEY=VALUE (eval, play) and `options = {{...}}` (bench); each "
+                  "with its default and what it is", width, "")
     for o in options:
-        default = "(required)" if o.default is inspect.Parameter.empty else json.dumps(o.default, default=str)
-        text = o.description if len(o.description) <= 120 else o.description[:119] + "…"
-        rows.append((o.name, default, text))
-    widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    print(f"{env_id}: options for --option KEY=VALUE (eval, play) and `options = {{...}}` (bench)")
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r[:2], widths, strict=True)) + "  " + r[2])
+        if o.default is inspect.Parameter.empty:
+            default = "(required)"
+        else:
+            default = json.dumps(o.default, default=str)
+            if o.default is None and o.class_default is not None:
+                default += f" (the env's own: {json.dumps(o.class_default)})"
+        lines.append("")
+        lines += _wrap(f"{o.name} = {default}", width, "  ")
+        lines += _wrap(o.description or "(not documented)", width, "      ")
+    print("\n".join(lines))
     return 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from agentgym_opsd.registry import env_description, task_count
+
     if args.options:
         return _cmd_list_options(args.options)
     entries = registered_envs()
     if not entries:
         print("no envs registered")
-    rows = [("id", "family", "subset", "splits (tasks)", "description")]
+    width = output_width()
+    rows = []
     for e in entries:
         parts = []
         for split in e.splits:
-            size = "?"
-            if e.sizes is not None and args.sizes:
-                try:
-                    size = str(e.sizes(split))
-                except Exception as err:  # data missing: say so, keep listing
-                    size = f"n/a: {str(err).splitlines()[0][:60]}"
-            parts.append(f"{split} ({size})" if args.sizes else split)
-        rows.append((e.id, e.family, e.subset, ", ".join(parts), e.description))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+            if not args.sizes:
+                parts.append(split)
+                continue
+            try:
+                size = str(task_count(e.id, split))
+            except Exception as err:  # data missing: say so, keep listing
+                size = f"n/a: {str(err).splitlines()[0][:60] if str(err).strip() else type(err).__name__}"
+            parts.append(f"{split} ({size})")
+        rows.append((e.id, e.family, e.subset, parts, env_description(e.id)))
+    head = ("id", "family", "subset", "splits (tasks)" if args.sizes else "splits")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(3)]
+    left = sum(widths) + 2 * len(widths)
+    lines = ["  ".join(c.ljust(w) for c, w in zip(head[:3], widths, strict=True)) + "  " + head[3]]
+    for env_id, family, subset, parts, description in rows:
+        first = "  ".join(c.ljust(w) for c, w in zip((env_id, family, subset), widths, strict=True)) + "  "
+        if width - left >= 24:  # the splits in their column
+            splits = _pack(parts, width - left)
+            lines.append(first + splits[0])
+            lines += [" " * left + more for more in splits[1:]]
+        else:  # a narrow terminal: under the row
+            lines.append(first.rstrip())
+            lines += [" " * 4 + more for more in _pack(parts, width - 4)]
+        lines += _wrap(description, width, " " * 4)
+    print("\n".join(lines))
     for key, err in plugin_errors().items():
         print(f"plug-in failed to load: {key}: {err}", file=sys.stderr)
     return 0

@@ -16,18 +16,35 @@ from agentgym_opsd.usage import UsageError, parse_options
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "data" / "example_plugin"
 
 
-def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    """The real console script in a subprocess, with the example plug-in installed on its path."""
+def run_cli(*args: str, input: str | None = None, columns: int | None = None) -> subprocess.CompletedProcess:
+    """The real console script in a subprocess, with the example plug-in installed on its path (its
+    output is a pipe: text is wrapped to `columns`, else to 100)."""
     env = dict(os.environ, PYTHONPATH=str(EXAMPLE_PLUGIN) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("COLUMNS", None)
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
     exe = Path(sys.executable).with_name("agentgym-opsd")
     return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, input=input, timeout=300)
 
 
-def test_list_shows_plugin_with_sizes() -> None:
-    r = run_cli("list")
-    assert r.returncode == 0, r.stderr
-    line = next(l for l in r.stdout.splitlines() if l.startswith("example/GuessNumber-v0"))
-    assert "test (20)" in line and "Example" in line
+def test_list_fits_the_width_and_describes_a_plugin_registered_as_the_readme_shows() -> None:
+    """The example plug-in registers without `description` and `sizes` (as the README's example):
+    `list` reads its class docstring and counts its tasks; every line fits 100 columns (a pipe) or
+    the terminal's width."""
+    for columns in (None, 72):
+        r = run_cli("list", columns=columns)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert max(len(l) for l in lines) <= (columns or 100), max(lines, key=len)
+        def block(env_id: str) -> str:  # the id's row and its wrapped lines (splits, description)
+            start = next(i for i, l in enumerate(lines) if l.startswith(env_id + " "))
+            end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+            return " ".join(" ".join(l.split()) for l in lines[start:end])
+
+        assert block("example/GuessNumber-v0").startswith("example/GuessNumber-v0 Example guess test (20) "
+                                                          "Find a hidden number in [1, high];")
+        # a long row wraps: every split of NQ is there, none cut
+        assert all(f"{split} (" in block("agentgym/SearchQA-NQ-v0") for split in ("train", "dev", "test"))
 
 
 def test_eval_writes_episodes_and_summary(tmp_path) -> None:
@@ -96,11 +113,42 @@ def test_parse_options_reads_json_values() -> None:
         parse_options(["=3"])
 
 
+def _option_blocks(stdout: str) -> dict[str, tuple[str, str]]:
+    """`list --options` output -> {name: (default, description)} (a block per option: `  name =
+    default`, then the description's lines indented by six)."""
+    blocks: dict[str, tuple[str, str]] = {}
+    name = None
+    for line in stdout.splitlines():
+        if line.startswith("  ") and not line.startswith("   ") and " = " in line:
+            name, _, default = line.strip().partition(" = ")
+            blocks[name] = (default, "")
+        elif line.startswith("      ") and name is not None:
+            default, text = blocks[name]
+            blocks[name] = (default, (text + " " + line.strip()).strip())
+    return blocks
+
+
 def test_list_options_shows_an_envs_keywords_with_defaults_and_meaning() -> None:
     r = run_cli("list", "--options", "example/GuessNumber-v0")
     assert r.returncode == 0, r.stderr
-    rows = {line.split()[0]: line for line in r.stdout.splitlines()[2:]}
-    assert set(rows) == {"high", "max_turns", "allow_bare_action", "render_mode", "turn_labels"} and rows["high"].split()[1] == "20"
-    assert "turns before the episode is truncated" in rows["max_turns"]  # TextEnv's docstring
+    rows = _option_blocks(r.stdout)
+    assert set(rows) == {"high", "max_turns", "allow_bare_action", "render_mode", "turn_labels"} and rows["high"][0] == "20"
+    assert rows["max_turns"] == ("null (the env's own: 10)", "turns before the episode is truncated.")  # TextEnv's docstring
+    assert rows["high"][1].startswith("the largest number") and "`ansi`" in rows["render_mode"][1]
     r = run_cli("list", "--options", "example/GuesNumber-v0")
     assert r.returncode == 2 and "did you mean example/GuessNumber-v0" in r.stderr
+
+
+def test_list_options_gives_every_option_its_own_whole_description() -> None:
+    """No description is cut, none is missing, and options documented together in one docstring line
+    (the panel's seed, room and size) each get their own text: what `room=small` means is there."""
+    r = run_cli("list", "--options", "agentgym/ALFWorld-Pick-v0", columns=90)
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and max(len(l) for l in r.stdout.splitlines()) <= 90
+    rows = _option_blocks(r.stdout)
+    assert {"panel_seed", "room", "panel_size", "progress", "render_mode", "split"} <= set(rows)
+    assert all(text and text != "(not documented)" and not text.lower().startswith("see `") for _, text in rows.values()), rows
+    texts = [rows[n][1] for n in ("panel_seed", "room", "panel_size")]
+    assert len(set(texts)) == 3
+    assert "`small`" in rows["room"][1] and "at most 6 receptacles" in rows["room"][1]
+    assert rows["panel_size"][1].count("games per task type") == 1 and "seed" in rows["panel_seed"][1]
