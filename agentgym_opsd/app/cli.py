@@ -165,6 +165,16 @@ def _cmd_list(args: argparse.Namespace) -> int:
 # play
 
 
+def as_played_turn(env: Any, turn: str) -> str:
+    """What `play` sends for a line a person typed: a turn with tags as it is; a bare command (one line,
+    no tag) in the env's own action format (`guess 10` -> `<action>guess 10</action>`), the same for
+    every env whatever its `allow_bare_action`."""
+    from agentgym_opsd.parsing import parse_action
+
+    parsed = parse_action(turn, env.action_tags, allow_bare=True)
+    return env.format_action(parsed.content) if parsed.kind == "bare" else turn
+
+
 def _cmd_play(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     env = make_env_factory(args.env_id, options)()
@@ -172,6 +182,9 @@ def _cmd_play(args: argparse.Namespace) -> int:
     observation, info = env.reset(seed=args.seed)
     print("=" * 30 + " system " + "=" * 30)
     print(raw.instructions)
+    print("=" * 30 + " play " + "=" * 32)
+    print(f"Write a turn as an agent does, or just a command: play sends `look` as {raw.format_action('look')}. "
+          ":q quits.")
     print("=" * 30 + " user " + "=" * 32)
     print(observation)
     total = 0.0
@@ -183,7 +196,10 @@ def _cmd_play(args: argparse.Namespace) -> int:
             break
         if turn.strip() in (":q", ":quit"):
             break
-        observation, reward, terminated, truncated, info = env.step(turn)
+        sent = as_played_turn(raw, turn)
+        if sent != turn:
+            print(f"(sent as {sent})")
+        observation, reward, terminated, truncated, info = env.step(sent)
         total += float(reward)
         print("=" * 30 + " user " + "=" * 32)
         print(observation)
@@ -253,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--options", metavar="ID", help="list the options (keywords) of one env id, with defaults")
     p.set_defaults(func=_cmd_list)
 
-    p = sub.add_parser("play", help="play an env in the terminal, seeing exactly what an agent sees")
+    p = sub.add_parser("play", help="play an env in the terminal, seeing exactly what an agent sees (a bare command "
+                                    "is sent in the env's action tag)")
     p.add_argument("env_id")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="keyword for gymnasium.make (repeatable)")

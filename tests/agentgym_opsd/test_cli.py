@@ -99,10 +99,32 @@ def test_bad_arguments_give_one_line_errors(tmp_path, args, message) -> None:
     assert message in err and "Traceback" not in err
 
 
-def test_play_reads_turns_from_stdin() -> None:
-    r = run_cli("play", "example/GuessNumber-v0", "--seed", "4", input="guess 3\n<action>guess 5</action>\n")
+def test_play_reads_turns_from_stdin_and_takes_a_bare_command_in_every_env() -> None:
+    """`play` sends a bare command in the env's action format, in an env that refuses bare commands
+    from agents (the plug-in) as in one that accepts them (ALFWorld); a turn with tags goes as it is."""
+    r = run_cli("play", "example/GuessNumber-v0", "--seed", "4", input="guess 3\n<action>guess 4\nguess 5\n")
     assert r.returncode == 0, r.stderr
-    assert "Find the hidden number" in r.stdout and "Invalid action" in r.stdout and "Correct!" in r.stdout
+    assert "Find the hidden number" in r.stdout and "Correct!" in r.stdout
+    assert "(sent as <action>guess 3</action>)" in r.stdout and "(sent as <action>guess 5</action>)" in r.stdout
+    assert r.stdout.count("Invalid action") == 1 and "unclosed <action>" in r.stdout  # a broken tag is still invalid
+    assert "return 1" in r.stdout
+
+
+def test_play_wraps_bare_commands_in_the_envs_own_tag() -> None:
+    from agentgym_opsd.app.cli import as_played_turn
+    from agentgym_opsd.core import TextEnv
+
+    class Search(TextEnv):
+        action_tags = ("search", "answer")
+
+    class Bare(TextEnv):
+        allow_bare_action = True
+
+    for env in (Search(), Bare(), Search(allow_bare_action=True)):
+        tag = env.action_tags[0]
+        assert as_played_turn(env, "  go to fridge 1 ") == f"<{tag}>go to fridge 1</{tag}>"
+        assert as_played_turn(env, "<answer>x</answer>") == "<answer>x</answer>"  # tags: as typed
+        assert as_played_turn(env, "<think>hm</think>") == "<think>hm</think>"  # no action: the env says so
 
 
 def test_parse_options_reads_json_values() -> None:
