@@ -393,6 +393,7 @@ def run_bench(
 
     build_agent = make_agent or default_make_agent
     run_dir = Path(run_dir)
+    _check_agents(config)  # before any env is built or episode played
     episodes_path = _prepare_run_dir(run_dir, config, restart)
 
     # 1. The plan: every (agent, run seed, env, episode index); the keys the episodes file holds
@@ -409,6 +410,10 @@ def run_bench(
         for index in range(counts[number])
     ]
     todo = [p for p in planned if episode_key(p[0], p[2].id, p[2].split, p[3], p[1]) not in finished]
+    if done:
+        replayed = len(todo) - sum(1 for p in todo if episode_key(p[0], p[2].id, p[2].split, p[3], p[1]) not in done)
+        again = f"; {replayed} errored episodes are played again" if replayed else ""
+        print(f"resuming: {len(planned) - len(todo)} of {len(planned)} episodes done{again}", flush=True)
 
     # 2. Play what is left: one `run_episodes` call per agent, run seed and env; an agent is built
     #    once per run seed, and only when it has episodes to play. Each episode is stored as it ends.
@@ -438,6 +443,19 @@ def run_bench(
     run_info = {"wall_seconds": round(elapsed, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     atomic_write_json(run_dir / "run.json", run_info)
     return results
+
+
+def _check_agents(config: BenchConfig) -> None:
+    """Every agent's name checked without loading a model (`check_agent`): a wrong one is a
+    ConfigError before the envs are built and before the other agents play."""
+    from agentgym_opsd.agents import AgentError
+    from agentgym_opsd.app.agents import check_agent
+
+    for spec in config.agents:
+        try:
+            check_agent(spec.agent)
+        except AgentError as e:
+            raise ConfigError(f"agents: {spec.name!r}: {e}") from None
 
 
 def _prepare_run_dir(run_dir: Path, config: BenchConfig, restart: bool) -> Path:

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 import gymnasium as gym
 
 from agentgym_opsd.agents import AgentError
-from agentgym_opsd.app.agents import CPU_THREADS_HELP, build_agent
+from agentgym_opsd.app.agents import CPU_THREADS_HELP, build_agent, check_agent
 from agentgym_opsd.core import EnvUnavailable
 from agentgym_opsd.episode import append_episodes, load_episodes
 from agentgym_opsd.io import DataFileError, atomic_write_json
@@ -30,7 +30,7 @@ from agentgym_opsd.registry import (
 )
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
-from agentgym_opsd.usage import UsageError, make_env_factory, parse_options
+from agentgym_opsd.usage import UsageError, check_env_usage, make_env_factory, parse_options
 
 __all__ = ["main", "COMMANDS"]
 
@@ -218,6 +218,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         raise UsageError("--episodes must be >= 1")
     options = parse_options(args.option)
+    # Everything that can be checked without work first: a wrong agent must not wait for the env's
+    # data (ALFWorld generates its games on first use).
+    check_env_usage(args.env_id, options)
+    check_agent(args.agent, cpu_threads=args.cpu_threads)
     factory = make_env_factory(args.env_id, options)
     agent = build_agent(args.agent, seed=args.seed, cpu_threads=args.cpu_threads)
     out = Path(args.out)
@@ -232,6 +236,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         path.unlink()
     seeds = [args.seed + i for i in range(args.episodes)]
     requests = [EpisodeRequest(seed=s, options={}) for s in seeds if s not in done]
+    if args.resume and path.exists():
+        print(f"resuming: {len(seeds) - len(requests)} of {len(seeds)} episodes done", flush=True)
     started = time.perf_counter()
     new = run_episodes(
         factory,

@@ -47,7 +47,7 @@ def test_list_fits_the_width_and_describes_a_plugin_registered_as_the_readme_sho
         assert all(f"{split} (" in block("agentgym/SearchQA-NQ-v0") for split in ("train", "dev", "test"))
 
 
-def test_eval_writes_episodes_and_summary(tmp_path) -> None:
+def test_eval_writes_episodes_and_summary(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "7", "--seed", "2", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -64,6 +64,23 @@ def test_eval_writes_episodes_and_summary(tmp_path) -> None:
     assert main(["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "7", "--seed", "2", "--out", str(out), "--resume"]) == 0
     again = (out / "episodes.jsonl").read_text().splitlines()
     assert again[:3] == kept and len(again) == 7
+    assert "resuming: 3 of 7 episodes done\n" in capsys.readouterr().out
+
+
+def test_eval_checks_the_agent_before_the_env_generates_its_games(tmp_path) -> None:
+    """A model folder that is not there is refused before ALFWorld generates a game (it spent a
+    minute generating 120 games before saying so)."""
+    cache = tmp_path / "cache"
+    common = ["--option", f"cache_dir={cache}", "--option", "panel_size=1", "--option", "panel_own_types=true",
+              "--out", str(tmp_path / "out")]
+    r = run_cli("eval", "agentgym/ALFWorld-Pick-v0", "--agent", f"hf:{tmp_path}/nope/model", *common)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == (f"agentgym-opsd: error: hf:{tmp_path}/nope/model: no such folder; give a local model "
+                                "folder (a Qwen2.5/Qwen3 download, or a trainer run's OUT/model)")
+    assert not cache.exists() or not any(cache.rglob("*.tw-pddl"))
+    r = run_cli("eval", "agentgym/ALFWorld-Pick-v0", "--agent", "hf:x?temprature=0", *common)
+    assert r.returncode == 2 and "unknown option(s) ['temprature']" in r.stderr
+    assert not cache.exists() or not any(cache.rglob("*.tw-pddl"))
 
 
 def test_random_agent_summary_counts_invalid_and_failures(tmp_path) -> None:
