@@ -15,7 +15,7 @@ import gymnasium as gym
 
 from agentgym_opsd.registry import EnvOptionError, check_env_options, entry, make
 
-__all__ = ["UsageError", "parse_options", "check_env_usage", "make_env_factory"]
+__all__ = ["UsageError", "parse_options", "format_option", "check_env_usage", "make_env_factory"]
 
 
 class UsageError(Exception):
@@ -36,6 +36,17 @@ def parse_options(pairs: list[str] | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def format_option(key: str, value: Any) -> str:
+    """The `KEY=VALUE` that `parse_options` reads back as `{key: value}`: JSON, except a string that
+    JSON would not read, which stays plain (`room=small`, but `name="3"` for the string "3")."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return f"{key}={value}"
+    return f"{key}={json.dumps(value)}"
 
 
 def check_env_usage(env_id: str, options: dict[str, Any]) -> None:

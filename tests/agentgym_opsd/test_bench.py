@@ -206,6 +206,12 @@ def test_config_errors_name_the_problem(tmp_path):
         'agents = ["random", { name = "random", agent = "expert" }]\nenvs = ["example/GuessNumber-v0"]\n': "same name",
         'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\ncontext = "window:0"\n': "context policy",
         'agents = ["expert"\n': "c.toml:1: invalid TOML",
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "benchtest/Tally-Small-v0" }\n':
+            "headline: 'benchtest/Tally-Small-v0' is not among the envs",
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "example/GuessNumber-v0", split = "dev" }\n':
+            "headline: example/GuessNumber-v0 is played on ['test'], not on 'dev'",
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "example/GuessNumber-v0", row = 1 }\n':
+            "headline: give a table with id (and split, label, note)",
     }
     for text, message in cases.items():
         path = tmp_path / "c.toml"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentgym_opsd.app.cli import main
-from agentgym_opsd.usage import UsageError, parse_options
+from agentgym_opsd.usage import UsageError, format_option, parse_options
 
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "data" / "example_plugin"
 
@@ -150,6 +150,10 @@ def test_parse_options_reads_json_values() -> None:
     }
     with pytest.raises(UsageError):
         parse_options(["=3"])
+    # format_option writes what parse_options reads back (the report's eval commands use it)
+    for value in ("small", "3", "true", "null", "NaN", " x ", "a=b", 'say "hi"', 3, 0.5, True, None, {"train": 200}, [1, 2]):
+        assert parse_options([format_option("key", value)]) == {"key": value}
+    assert format_option("room", "small") == "room=small" and format_option("name", "3") == 'name="3"'
 
 
 def _option_blocks(stdout: str) -> dict[str, tuple[str, str]]:
