@@ -113,3 +113,12 @@ def test_the_held_out_rows_test_against_random_is_fishers_exact_test():
     assert abs(_fisher_greater(2, 100, 0, 100) - 100 * 99 / (200 * 199)) < 1e-12
     assert _fisher_greater(0, 100, 0, 100) == 1.0 and _fisher_greater(0, 5, 3, 5) == 1.0
     assert _fisher_greater(3, 5, 0, 5) < _fisher_greater(2, 5, 0, 5) < _fisher_greater(2, 5, 1, 5)
+
+
+def test_the_in_training_evaluation_can_see_the_held_out_rows_rate():
+    """The trainer's evaluation plays the first held-out games; at the ~5% a tiny policy reaches there,
+    it must not read 0 most of the time (10 episodes read 0/10 with a chance of 60%)."""
+    from agentgym_opsd.app.demo import DemoSettings
+
+    settings = DemoSettings()
+    assert settings.eval_episodes <= settings.held_out and 0.95 ** settings.eval_episodes < 0.05
