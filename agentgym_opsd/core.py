@@ -229,6 +229,11 @@ class TextEnv(gym.Env[str, str]):
         max_turn_tokens: the per-turn generation cap that suits this env's turns (reasoning and one
             action); a model-backed agent (`hf:`) uses it unless its own cap is given.
         max_response_chars: longer turns are parsed only up to this many characters.
+    Keywords of the constructor (`max_turns` and `allow_bare_action` set the class attributes above
+    for one env; None keeps the class's value):
+        render_mode: `ansi` (`render()` returns the last observation as text) or None (no rendering).
+        turn_labels: fill `self.turn_labels` with a label per turn (see above); only for an env that
+            implements `_label_turn`.
 
     A turn is parsed as valid Unicode: lone surrogates (U+D800 to U+DFFF, which no tokenizer
     produces but a buggy client may send) read as `?`, one character each, so spans still index the

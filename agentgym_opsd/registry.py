@@ -40,6 +40,8 @@ __all__ = [
     "load_plugins",
     "plugin_errors",
     "entry",
+    "env_description",
+    "task_count",
     "make",
     "UnknownEnvError",
     "notes_folder",
@@ -68,7 +70,8 @@ class EnvEntry:
         family: the env family (`ALFWorld`, `SearchQA`, `WebShop`, or a plug-in's).
         subset: the task subset the id plays (`heat`, `hotpotqa`, `all`).
         splits: the splits it can be made with (`split=` keyword).
-        description: one line for `agentgym-opsd list`.
+        description: one line for `agentgym-opsd list` ("": `env_description` reads the env class's
+            docstring instead).
         sizes: optional function `split -> number of tasks` (may load data; errors are reported).
         credit_defaults: the family's defaults for a trainer's credit settings (`CreditConfig`
             field names: `span_mode`, `invalid_coef`, `lam_mix`, `score_coef`, ...); empty: the
@@ -184,6 +187,34 @@ def entry(env_id: str) -> EnvEntry:
     raise UnknownEnvError(f"no env registered as {env_id!r}{hint}")
 
 
+def env_description(env_id: str) -> str:
+    """One line that says what `env_id` is: its registered description, else the first paragraph of
+    its env class's docstring (a plug-in that registers without a description), else ""."""
+    described = entry(env_id).description
+    if described:
+        return described
+    try:
+        cls = _env_class(env_id)
+    except Exception:  # a plug-in whose class does not import: `list` still lists it
+        return ""
+    own = cls.__dict__.get("__doc__") if inspect.isclass(cls) else getattr(cls, "__doc__", None)
+    paragraph = inspect.cleandoc(own or "").split("\n\n")[0]
+    return " ".join(paragraph.split())
+
+
+def task_count(env_id: str, split: str) -> int:
+    """The number of tasks `env_id` holds in `split`: the registered `sizes` function, else the
+    `num_tasks` of an env made for that split (which may load data)."""
+    e = entry(env_id)
+    if e.sizes is not None:
+        return int(e.sizes(split))
+    env = make(env_id, **({} if e.splits == (split,) else {"split": split}))
+    try:
+        return int(env.unwrapped.num_tasks)
+    finally:
+        env.close()
+
+
 def make(env_id: str, **kwargs: Any) -> gym.Env:
     """`gymnasium.make` for a registered id, with a clear error for unknown ids."""
     entry(env_id)
@@ -210,12 +241,15 @@ class EnvOption:
         kinds: the kinds of value it takes, from its annotation (`int`, `str`, `None`, ...), or
             None when the annotation does not say (then any value is passed through).
         description: the line of the env's docstring that explains it ("" when none does).
+        class_default: for a None default, the env class's own value of that name, which None
+            leaves in force (`max_turns`: 50), or None.
     """
 
     name: str
     default: Any
     kinds: tuple[type, ...] | None
     description: str = ""
+    class_default: Any = None
 
 
 # Keywords `gymnasium.make` takes itself, for every id.
@@ -316,7 +350,10 @@ def env_options(env_id: str) -> list[EnvOption] | None:
                 continue
             if p.name not in found:
                 default = registered.get(p.name, p.default)
-                found[p.name] = EnvOption(p.name, default, _kinds(hints.get(p.name, inspect.Parameter.empty)), _describe(p.name, docs))
+                own = getattr(cls, p.name, None) if default is None and inspect.isclass(cls) else None
+                own = own if isinstance(own, (bool, int, float, str)) else None  # not a property or method
+                found[p.name] = EnvOption(p.name, default, _kinds(hints.get(p.name, inspect.Parameter.empty)),
+                                          _describe(p.name, docs), own)
         if not forwards:
             return list(found.values())
         if not inspect.isclass(klass) or klass.__init__ is object.__init__:

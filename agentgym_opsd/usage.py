@@ -15,7 +15,7 @@ import gymnasium as gym
 
 from agentgym_opsd.registry import EnvOptionError, check_env_options, entry, make
 
-__all__ = ["UsageError", "parse_options", "make_env_factory"]
+__all__ = ["UsageError", "parse_options", "format_option", "check_env_usage", "make_env_factory"]
 
 
 class UsageError(Exception):
@@ -38,14 +38,31 @@ def parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def make_env_factory(env_id: str, options: dict[str, Any]):
-    """A function that builds the env, after checking the options against the env's keywords
-    (`check_env_options`) and one trial build; a bad option is a one-line UsageError that names it."""
+def format_option(key: str, value: Any) -> str:
+    """The `KEY=VALUE` that `parse_options` reads back as `{key: value}`: JSON, except a string that
+    JSON would not read, which stays plain (`room=small`, but `name="3"` for the string "3")."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return f"{key}={value}"
+    return f"{key}={json.dumps(value)}"
+
+
+def check_env_usage(env_id: str, options: dict[str, Any]) -> None:
+    """Check an env id and its options against the env's keywords (`check_env_options`) without
+    building it: an unknown id or option, or a value of the wrong kind, is a one-line error."""
     entry(env_id)
     try:
         check_env_options(env_id, options)
     except EnvOptionError as e:
         raise UsageError(str(e)) from None
+
+
+def make_env_factory(env_id: str, options: dict[str, Any]):
+    """A function that builds the env, after `check_env_usage` and one trial build (which may
+    generate or load data); a bad option is a one-line UsageError that names it."""
+    check_env_usage(env_id, options)
 
     def factory() -> gym.Env:
         return make(env_id, **options)

@@ -18,6 +18,12 @@ The config is TOML (`.toml`) or YAML (`.yaml`/`.yml`):
     episodes = 10                      # overrides the top-level count
     options = { max_turns = 30 }       # keywords for gymnasium.make
 
+    [headline]                         # optional: the result that matters, first and large in the report
+    id = "agentgym/ALFWorld-Heat-v0"
+    split = "valid_seen"               # default: the id's split when the config has one
+    label = "held-out"                 # what its rows are marked with (default "headline")
+    note = "..."                       # one sentence on what it measures
+
 Data paths among the options (`data_file`, `catalog`, `index_dir`, ...) are relative to the data root,
 the config's folder unless `agentgym-opsd bench --data-root DIR` says otherwise, and may not lead
 outside it (`..`, absolute paths and symbolic links elsewhere are refused): a config from someone
@@ -33,20 +39,21 @@ env id, split, i, s). So run seeds play different tasks as long as seeds x N <= 
 task replayed with the same turns (a deterministic agent) is one outcome (`agentgym_opsd.summary`). Every finished episode is
 appended to `RUN_DIR/episodes.jsonl` at once; running the same config again on the same folder
 skips the keys already there (errored episodes are played again), so a broken run resumes where
-it stopped. Then the run folder gets:
+it stopped (it prints `resuming: 110 of 240 episodes done`). Then the run folder gets:
 
 - `results.json`: one summary per (agent, env id, split) (success with its 95% Wilson interval,
   mean score, mean turns, invalid-action rate, per subset). It depends only on the episodes: a
   resumed run writes the same file as an unbroken one.
 - `results.md` and `tables/<family>.md`: a Markdown table per env family.
-- `plots/<family>-<subset>.png`: success per agent with its interval, one chart per subset.
+- `plots/<family>-<subset>.png`: success per agent with its interval, one chart per subset that
+  says something (not when every agent but the expert won nothing: the table has those rows), and
+  `plots/headline.png`, the headline's chart, full width.
 - `report.html`: everything above plus a trajectory viewer (`agentgym_opsd.app.report`).
 - `run.json`: timings and versions (what may differ between runs).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from collections import defaultdict
@@ -55,7 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.app.results import COUNTING_NOTE, markdown_tables, result_row, subset_rows
+from agentgym_opsd.app.results import COUNTING_NOTE, chart_groups, markdown_tables, result_row, says_something
 from agentgym_opsd.episode import Episode, append_episodes, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from agentgym_opsd.registry import EnvOptionError, check_env_options, entry, registered_envs
@@ -63,7 +70,8 @@ from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import summarize
 from agentgym_opsd.workers import EnvFactory
 
-__all__ = ["AgentSpec", "BenchConfig", "EnvSpec", "ConfigError", "load_config", "run_bench", "write_results", "episode_key", "task_index", "RESET_SEED_STRIDE"]
+__all__ = ["AgentSpec", "BenchConfig", "EnvSpec", "Headline", "ConfigError", "load_config", "run_bench", "write_results",
+           "episode_key", "task_index", "eval_command", "RESET_SEED_STRIDE"]
 
 RESET_SEED_STRIDE = 1_000_000
 
@@ -91,6 +99,17 @@ class AgentSpec:
 
 
 @dataclass(frozen=True)
+class Headline:
+    """The result that matters (an env id and split of the bench): the report shows it first, as a
+    full-width chart with the exact `eval` command that replays it, and marks its rows with `label`."""
+
+    id: str
+    split: str
+    label: str = "headline"
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class BenchConfig:
     agents: tuple[AgentSpec, ...]
     envs: tuple[EnvSpec, ...]
@@ -100,13 +119,21 @@ class BenchConfig:
     step_timeout: float | None = 60.0
     context: str = "full"
     name: str = "bench"
+    headline: Headline | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["agents"] = [asdict(a) for a in self.agents]
         d["seeds"] = list(self.seeds)
         d["envs"] = [asdict(e) for e in self.envs]
+        d["headline"] = None if self.headline is None else asdict(self.headline)
         return d
+
+    def headline_spec(self) -> EnvSpec | None:
+        """The env spec the headline names (None without a headline)."""
+        if self.headline is None:
+            return None
+        return next(e for e in self.envs if (e.id, e.split) == (self.headline.id, self.headline.split))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BenchConfig:
@@ -120,18 +147,21 @@ class BenchConfig:
             step_timeout=d.get("step_timeout"),
             context=str(d.get("context", "full")),
             name=str(d.get("name", "bench")),
+            headline=Headline(**d["headline"]) if d.get("headline") else None,
         )
 
     def identity(self) -> dict[str, Any]:
-        """What must not change for a run folder to be resumed (workers and timeouts may)."""
+        """What must not change for a run folder to be resumed (workers, timeouts and what the
+        report puts first may)."""
         d = self.to_dict()
-        for key in ("workers", "num_envs", "step_timeout", "name"):
+        for key in ("workers", "num_envs", "step_timeout", "name", "headline"):
             d.pop(key)
         return d
 
 
-_TOP_KEYS = {"agents", "envs", "seeds", "episodes", "workers", "num_envs", "step_timeout", "context", "name"}
+_TOP_KEYS = {"agents", "envs", "seeds", "episodes", "workers", "num_envs", "step_timeout", "context", "name", "headline"}
 _ENV_KEYS = {"id", "family", "splits", "split", "episodes", "options"}
+_HEADLINE_KEYS = {"id", "split", "label", "note"}
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -197,7 +227,30 @@ def config_from_dict(data: dict[str, Any], where: str = "config", *, data_root: 
         step_timeout=None if timeout is None else float(timeout),
         context=context,
         name=str(data.get("name", "bench")),
+        headline=_headline(data.get("headline"), where, envs),
     )
+
+
+def _headline(raw: Any, where: str, envs: tuple[EnvSpec, ...]) -> Headline | None:
+    """The `headline` table: an env id and split of `envs` (the split may be left out when the
+    config plays the id on one split), a label and a note."""
+    if raw is None:
+        return None
+    here = f"{where}: headline"
+    if not isinstance(raw, dict) or "id" not in raw or set(raw) - _HEADLINE_KEYS:
+        raise ConfigError(f'{here}: give a table with id (and split, label, note), e.g. headline = {{ id = "{envs[0].id}", '
+                          f'split = "{envs[0].split}" }}')  # fmt: skip
+    if not all(isinstance(v, str) and v for v in raw.values()):
+        raise ConfigError(f"{here}: id, split, label and note are non-empty strings")
+    splits = [e.split for e in envs if e.id == raw["id"]]
+    if not splits:
+        raise ConfigError(f"{here}: {raw['id']!r} is not among the envs; they are: {sorted({e.id for e in envs})}")
+    if "split" not in raw and len(splits) > 1:
+        raise ConfigError(f"{here}: {raw['id']} is played on {splits}: say which split with split = ...")
+    split = raw.get("split", splits[0])
+    if split not in splits:
+        raise ConfigError(f"{here}: {raw['id']} is played on {splits}, not on {split!r}")
+    return Headline(raw["id"], split, raw.get("label", "headline"), raw.get("note", ""))
 
 
 def _agents(raw: Any, where: str) -> tuple[AgentSpec, ...]:
@@ -393,6 +446,7 @@ def run_bench(
 
     build_agent = make_agent or default_make_agent
     run_dir = Path(run_dir)
+    _check_agents(config)  # before any env is built or episode played
     episodes_path = _prepare_run_dir(run_dir, config, restart)
 
     # 1. The plan: every (agent, run seed, env, episode index); the keys the episodes file holds
@@ -409,6 +463,10 @@ def run_bench(
         for index in range(counts[number])
     ]
     todo = [p for p in planned if episode_key(p[0], p[2].id, p[2].split, p[3], p[1]) not in finished]
+    if done:
+        replayed = len(todo) - sum(1 for p in todo if episode_key(p[0], p[2].id, p[2].split, p[3], p[1]) not in done)
+        again = f"; {replayed} errored episodes are played again" if replayed else ""
+        print(f"resuming: {len(planned) - len(todo)} of {len(planned)} episodes done{again}", flush=True)
 
     # 2. Play what is left: one `run_episodes` call per agent, run seed and env; an agent is built
     #    once per run seed, and only when it has episodes to play. Each episode is stored as it ends.
@@ -438,6 +496,19 @@ def run_bench(
     run_info = {"wall_seconds": round(elapsed, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     atomic_write_json(run_dir / "run.json", run_info)
     return results
+
+
+def _check_agents(config: BenchConfig) -> None:
+    """Every agent's name checked without loading a model (`check_agent`): a wrong one is a
+    ConfigError before the envs are built and before the other agents play."""
+    from agentgym_opsd.agents import AgentError
+    from agentgym_opsd.app.agents import check_agent
+
+    for spec in config.agents:
+        try:
+            check_agent(spec.agent)
+        except AgentError as e:
+            raise ConfigError(f"agents: {spec.name!r}: {e}") from None
 
 
 def _prepare_run_dir(run_dir: Path, config: BenchConfig, restart: bool) -> Path:
@@ -540,61 +611,59 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-") or "x"
 
 
-def plot_results(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """One PNG per env family and subset: success per agent (bars) with the 95% interval, a bar
-    group per split."""
-    import matplotlib
+def plot_results(results: dict[str, Any], out_dir: Path, headline: Headline | None = None) -> list[Path]:
+    """The charts of `plots/`: one per env family and subset that says something (`says_something`:
+    not when every agent but the expert won nothing), a bar per agent and split with its 95% interval;
+    and `headline.png`, the headline's env and split across the full width. Charts of an earlier write
+    that this one does not draw are removed."""
+    from agentgym_opsd.app.charts import success_chart_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in results["results"]:
-        for name, s, _ in subset_rows(r):
-            groups[(r["family"], name)].append({"agent": r["agent"], "split": r["split"], **s})
     out_dir.mkdir(parents=True, exist_ok=True)
+    charts: dict[str, bytes] = {}
+    for (family, subset), rows in chart_groups(results).items():
+        if says_something(rows):
+            charts[f"{_safe(family)}-{_safe(subset)}.png"] = success_chart_png(rows, title=f"{family}: {subset}")
+    if headline is not None:
+        rows = [{"agent": r["agent"], "split": r["split"], **result_row(r)} for r in results["results"]
+                if (r["env_id"], r["split"]) == (headline.id, headline.split)]
+        if rows:
+            charts[HEADLINE_CHART] = success_chart_png(rows, title=headline_title(headline), wide=True, zoom=True)
     written = []
-    all_agents = list(dict.fromkeys(r["agent"] for r in results["results"]))
-    palette = plt.get_cmap("tab10").colors
-    hatches = ["", "//", "..", "xx", "\\\\"]
-    for (family, subset), rows in groups.items():
-        agents = list(dict.fromkeys(r["agent"] for r in rows))
-        splits = list(dict.fromkeys(r["split"] for r in rows))
-        fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(agents) * len(splits), 3.2), dpi=100)
-        width = 0.8 / len(splits)
-        for j, split in enumerate(splits):
-            xs, heights, lows, highs, colours = [], [], [], [], []
-            for i, agent in enumerate(agents):
-                match = [r for r in rows if r["agent"] == agent and r["split"] == split]
-                if not match:
-                    continue
-                r = match[0]
-                xs.append(i + (j - (len(splits) - 1) / 2) * width)
-                heights.append(100 * r["success_rate"])
-                # (the interval's float ends may sit a rounding error inside the rate at 0 and 1)
-                lows.append(max(0.0, 100 * (r["success_rate"] - r["success_ci95"][0])))
-                highs.append(max(0.0, 100 * (r["success_ci95"][1] - r["success_rate"])))
-                colours.append(palette[all_agents.index(agent) % len(palette)])
-            bars = ax.bar(
-                xs, heights, width=width * 0.9, yerr=[lows, highs], capsize=3, color=colours,
-                hatch=hatches[j % len(hatches)], edgecolor="white", label=split,
-            )
-            ax.bar_label(bars, labels=[f"{h:.0f}" for h in heights], padding=2, fontsize=8)
-        ax.set_xticks(range(len(agents)), [a if len(a) <= 18 else a[:8] + "…" + a[-8:] for a in agents], fontsize=8)
-        ax.set_ylim(0, 110)
-        ax.set_ylabel("success % (95% CI)")
-        ax.set_title(f"{family}: {subset}", fontsize=10)
-        if len(splits) > 1:
-            ax.legend(fontsize=7)
-        ax.spines[["top", "right"]].set_visible(False)
-        fig.tight_layout()
-        path = out_dir / f"{_safe(family)}-{_safe(subset)}.png"
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", metadata={"Software": None})
-        plt.close(fig)
-        atomic_write_bytes(path, buffer.getvalue())
-        written.append(path)
+    for name, png in charts.items():
+        atomic_write_bytes(out_dir / name, png)
+        written.append(out_dir / name)
+    for stale in out_dir.glob("*.png"):
+        if stale.name not in charts:
+            stale.unlink()
     return written
+
+
+HEADLINE_CHART = "headline.png"
+
+
+def headline_title(headline: Headline) -> str:
+    """The headline's title: its label, env id and split."""
+    return f"{headline.label}: {headline.id} ({headline.split})"
+
+
+def eval_command(config: BenchConfig, spec: EnvSpec, agent: AgentSpec, episodes: int, *, seed: int = 0,
+                 out: str | None = None) -> str:  # fmt: skip
+    """The `agentgym-opsd eval` command that plays the episodes run seed `seed` of the bench played
+    with `agent` on `spec` (`episodes` of them): the same env keywords (`env_factory`), the same tasks
+    (eval's seeds seed x episodes + i are the bench's tasks (i + seed x episodes) mod n) and the
+    same context. A shell line (arguments quoted)."""
+    import shlex
+
+    from agentgym_opsd.usage import format_option
+
+    first = seed * episodes
+    args = ["agentgym-opsd", "eval", spec.id, "--agent", agent.agent, "--episodes", str(episodes), "--seed", str(first)]
+    for key, value in env_factory(spec).kwargs.items():
+        args += ["--option", format_option(key, value)]
+    if config.context != "full":
+        args += ["--context", config.context]
+    args += ["--out", out or f"runs/{_safe(config.name)}-eval/{_safe(agent.name)}"]
+    return shlex.join(args)
 
 
 def write_results(
@@ -606,11 +675,12 @@ def write_results(
         episodes_by_key = _load_done(run_dir / "episodes.jsonl")
     results = summarize_bench(config, episodes_by_key)
     atomic_write_json(run_dir / "results.json", results)
-    tables = markdown_tables(results)
+    headline = None if config.headline is None else (config.headline.id, config.headline.split, config.headline.label)
+    tables = markdown_tables(results, headline)
     for family, text in tables.items():
         atomic_write_text(run_dir / "tables" / f"{_safe(family)}.md", text)
     atomic_write_text(run_dir / "results.md", f"# {config.name}\n\n" + "\n".join(tables.values()) + "\n" + COUNTING_NOTE + "\n")
-    plot_results(results, run_dir / "plots")
+    plot_results(results, run_dir / "plots", config.headline)
     if report:
         from agentgym_opsd.app.report import write_report
 

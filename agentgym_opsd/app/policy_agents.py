@@ -18,7 +18,28 @@ from agentgym_opsd.agents import AgentError
 if TYPE_CHECKING:
     from trainer.sampling import HFPolicyAgent
 
-__all__ = ["make_hf_agent"]
+__all__ = ["make_hf_agent", "check_hf_agent"]
+
+_SETTINGS = {"temperature", "max_new_tokens", "device", "dtype", "max_batch", "cpu_threads", "stop"}
+
+
+def check_hf_agent(spec: str) -> tuple[str, dict[str, str]]:
+    """Read `PATH?settings` (see `make_hf_agent`) and check it without loading anything: known
+    settings, and a folder that holds a transformers model (its config.json). Returns the path and
+    the settings; raises `AgentError` naming the fix."""
+    path, _, query = spec.partition("?")
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = set(options) - _SETTINGS
+    if unknown:
+        raise AgentError(f"hf:{spec}: unknown option(s) {sorted(unknown)}; use {sorted(_SETTINGS)}")
+    if options.get("stop", "action") not in ("action", "eot"):
+        raise AgentError(f"hf:{spec}: stop={options['stop']!r}: use action (end a turn at the env's closing action tag) or eot")
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        why = "no such folder" if not folder.exists() else "the folder holds no transformers model (no config.json)"
+        raise AgentError(f"hf:{path}: {why}; give a local model folder (a Qwen2.5/Qwen3 download, or a trainer "
+                         "run's OUT/model)")
+    return path, options
 
 
 def make_hf_agent(spec: str, *, seed: int = 0) -> HFPolicyAgent:
@@ -35,15 +56,8 @@ def make_hf_agent(spec: str, *, seed: int = 0) -> HFPolicyAgent:
         stop: `action` (default): a turn also ends at its env's closing action tag (`</action>`);
             `eot`: only at the end-of-turn token or the cap, as the trainer's rollouts sample.
     """
-    path, _, query = spec.partition("?")
-    options = dict(parse_qsl(query, keep_blank_values=True))
-    known = {"temperature", "max_new_tokens", "device", "dtype", "max_batch", "cpu_threads", "stop"}
-    unknown = set(options) - known
-    if unknown:
-        raise AgentError(f"hf:{spec}: unknown option(s) {sorted(unknown)}; use {sorted(known)}")
+    path, options = check_hf_agent(spec)
     stop = options.get("stop", "action")
-    if stop not in ("action", "eot"):
-        raise AgentError(f"hf:{spec}: stop={stop!r}: use action (end a turn at the env's closing action tag) or eot")
     try:
         temperature = float(options.get("temperature", 1.0))
         max_new_tokens = int(options["max_new_tokens"]) if "max_new_tokens" in options else None

@@ -10,7 +10,11 @@ from typing import Any
 
 from agentgym_opsd.summary import episodes_cell
 
-__all__ = ["COUNTING_NOTE", "result_row", "subset_rows", "markdown_tables"]
+__all__ = ["COUNTING_NOTE", "result_row", "subset_rows", "markdown_tables", "chart_groups", "says_something", "REFERENCE_AGENT"]
+
+# The scripted agent every bench can run as a reference: a chart in which it alone wins says nothing
+# about the other agents.
+REFERENCE_AGENT = "expert"
 
 
 COUNTING_NOTE = (
@@ -41,8 +45,9 @@ def subset_rows(r: dict[str, Any]) -> list[tuple[str, dict[str, Any], Any]]:
     return rows
 
 
-def markdown_tables(results: dict[str, Any]) -> dict[str, str]:
-    """A Markdown table per env family: one row per subset, split and agent."""
+def markdown_tables(results: dict[str, Any], headline: tuple[str, str, str] | None = None) -> dict[str, str]:
+    """A Markdown table per env family: one row per subset, split and agent; the rows of `headline`
+    (env id, split, label) have the label beside their subset."""
     by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in results["results"]:
         by_family[r["family"]].append(r)
@@ -52,8 +57,11 @@ def markdown_tables(results: dict[str, Any]) -> dict[str, str]:
     for family, rows in by_family.items():
         lines = [f"### {family}", "", header, rule]
         for r in sorted(rows, key=lambda r: (r["subset"], r["split"])):  # stable: agents keep config order
+            marked = headline is not None and (r["env_id"], r["split"]) == headline[:2]
             for name, s, errors in subset_rows(r):
                 low, high = s["success_ci95"]
+                if marked and name == r["subset"]:
+                    name = f"{name} **({headline[2]})**"
                 lines.append(
                     f"| {name} | {r['split']} | {r['agent']} | {episodes_cell(s)} | {_pct(s['success_rate'])} | "
                     f"[{_pct(low)}, {_pct(high)}] | {s['mean_score']:.3f} | {s['mean_turns']:.1f} | "
@@ -62,4 +70,20 @@ def markdown_tables(results: dict[str, Any]) -> dict[str, str]:
         out[family] = "\n".join(lines) + "\n"
     return out
 
+
+def chart_groups(results: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The rows of each chart: (family, subset) -> one row per agent and split (`agent`, `split`,
+    then the stats of `result_row`), in results order."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in results["results"]:
+        for name, s, _ in subset_rows(r):
+            groups[(r["family"], name)].append({"agent": r["agent"], "split": r["split"], **s})
+    return dict(groups)
+
+
+def says_something(rows: list[dict[str, Any]]) -> bool:
+    """Whether a chart of these rows tells anything the table does not: not when every agent but
+    the reference (`expert`) won no episode (expert 100%, every other agent 0%)."""
+    others = [r for r in rows if r["agent"] != REFERENCE_AGENT]
+    return not others or any(r["success_rate"] > 0 for r in others)
 

@@ -113,16 +113,21 @@ class AlfWorldEnv(TextEnv):
         source: `embedded` (the generated panel) or `alfworld` (ALFWorld's json_2.1.1 games).
         data_dir: the folder holding json_2.1.1/ for `source="alfworld"` (default `$ALFWORLD_DATA`);
             giving it implies `source="alfworld"`.
-        panel_seed, room, panel_size: which embedded panel (see `panel.PanelSpec`): `room="full"` keeps
-            every receptacle of the floor plan, `room="small"` gives rooms of at most 6 receptacles (short
-            episodes for fast RL); `panel_size` is games per type, one number or a dict per split
-            (default 20 train, 10 valid_seen, 10 valid_unseen).
+        panel_seed: the seed the embedded panel is generated from: another seed gives other games (the
+            k-th game of a type is the same file for one seed and room whatever the panel's size).
+        room: how much of each floor plan an embedded game keeps: `full` (every receptacle of the
+            room; episodes of up to 40 expert commands) or `small` (at most 6 receptacles and 5 kinds
+            of distractor objects: short episodes, 3-12 expert commands, for fast RL).
+        panel_size: embedded games per task type: one number for every split, or a dict per split,
+            e.g. {"train": 200, "valid_unseen": 200} (default 20 train, 10 valid_seen, 10
+            valid_unseen); games are generated once, on first use, and cached in `cache_dir`.
         max_receptacles: cap the embedded rooms at this many receptacles (None: no cap).
         panel_own_types: generate an embedded panel of this env's task types only (ALFWorld-Pick-v0
             at panel_size 1000: 1,000 Pick games instead of 6,000 of six types); its games are the same
             files as the six-type panel's games of those types.
         mix: `uniform` (the same number of games of every type) or `alfworld` (all six types in the
             proportions of ALFWorld's training set; only with all six types, e.g. ALFWorld-All-v0).
+        progress: show a progress bar while an embedded panel is generated (false: quiet).
         cache_dir: where panels and engine translations are cached (default `$AGENTGYM_OPSD_CACHE/alfworld` or
             `~/.cache/agentgym-opsd/alfworld`).
         reward_scale: the reward for solving the task.

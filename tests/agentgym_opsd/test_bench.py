@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,6 +102,9 @@ def test_a_run_killed_mid_way_resumes_to_the_results_of_an_unbroken_run(tmp_path
     resumed = _bench(config, broken)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]
+    # It says what it found (a line torn by the kill is not an episode).
+    found = re.search(r"^resuming: (\d+) of (\d+) episodes done$", out, re.M)
+    assert found and int(found.group(2)) == PLANNED and played_before_kill - 1 <= int(found.group(1)) <= played_before_kill, out
     unbroken = _bench(config, whole)
     out, err = unbroken.communicate(timeout=300)
     assert unbroken.returncode == 0, err[-2000:]
@@ -159,7 +163,7 @@ def test_workers_and_in_process_runs_give_the_same_results(tmp_path):
     assert _by_key(tmp_path / "a") == _by_key(tmp_path / "b")
 
 
-def test_errored_episodes_are_reported_and_played_again_on_resume(tmp_path):
+def test_errored_episodes_are_reported_and_played_again_on_resume(tmp_path, capsys):
     plan = {"agents": ["expert"], "episodes": 4, "workers": 2, "envs": [{"id": "benchtest/Tally-Small-v0", "options": {"delay": 0.6}}]}
     results = run_bench(config_from_dict({**plan, "step_timeout": 0.2}), tmp_path, progress=False, report=False)
     [row] = results["results"]
@@ -167,10 +171,28 @@ def test_errored_episodes_are_reported_and_played_again_on_resume(tmp_path):
     errors = {e.error for e in load_episodes(tmp_path / "episodes.jsonl")}
     assert errors == {"step timed out after 0.2s (worker killed)"}
     # The same plan with a looser timeout resumes the folder: the errored keys are played again.
+    capsys.readouterr()
     results = run_bench(config_from_dict({**plan, "step_timeout": 30}), tmp_path, progress=False, report=False)
+    assert "resuming: 0 of 4 episodes done; 4 errored episodes are played again\n" in capsys.readouterr().out
     [row] = results["results"]
     assert row["errors"] == 0 and row["success_rate"] == 1.0 and row["episodes"] == 4
     assert len(load_episodes(tmp_path / "episodes.jsonl")) == 8  # both attempts are kept in the file
+
+
+def test_a_wrong_agent_is_refused_before_any_env_is_built_or_episode_played(tmp_path, capsys):
+    """`hf:` folders are checked first: the expert does not play its episodes, nor does the env
+    load its data, before the bench finds that the second agent's folder holds no model."""
+    (tmp_path / "empty").mkdir()
+    for path, why in ((tmp_path / "nope" / "model", "no such folder"),
+                      (tmp_path / "empty", "the folder holds no transformers model (no config.json)")):
+        config = tmp_path / "b.toml"
+        config.write_text(f'agents = ["expert", {{ name = "tiny", agent = "hf:{path}?temperature=0" }}]\n'
+                          'envs = ["example/GuessNumber-v0"]\nepisodes = 3\n')
+        out = tmp_path / "run"
+        assert main(["bench", str(config), "--out", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"agentgym-opsd: error: {config}: agents: 'tiny': hf:{path}: {why}; give a local model folder"), err
+        assert not (out / "episodes.jsonl").exists()
 
 
 def test_config_errors_name_the_problem(tmp_path):
@@ -184,6 +206,12 @@ def test_config_errors_name_the_problem(tmp_path):
         'agents = ["random", { name = "random", agent = "expert" }]\nenvs = ["example/GuessNumber-v0"]\n': "same name",
         'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\ncontext = "window:0"\n': "context policy",
         'agents = ["expert"\n': "c.toml:1: invalid TOML",
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "benchtest/Tally-Small-v0" }\n':
+            "headline: 'benchtest/Tally-Small-v0' is not among the envs",
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "example/GuessNumber-v0", split = "dev" }\n':
+            "headline: example/GuessNumber-v0 is played on ['test'], not on 'dev'",
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "example/GuessNumber-v0", row = 1 }\n':
+            "headline: give a table with id (and split, label, note)",
     }
     for text, message in cases.items():
         path = tmp_path / "c.toml"

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import shlex
 
+from agentgym_opsd.app.cli import main as main_cli
+from agentgym_opsd.app.results import chart_groups, says_something
 from agentgym_opsd.episode import load_episodes
 
 
@@ -71,7 +75,28 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     # The training table and chart show the reward the update used beside the env's reward.
     assert "credit/reward_mean" in page and "train/reward" in page
     assert page.count("<h3>ALFWorld</h3>") == 1 and page.count("<h3>SearchQA</h3>") == 1
-    assert len(re.findall(r'<img alt="ALFWorld-', page)) == 6
+    # The held-out row first, its chart full width, and the command that plays its games again.
+    main = page.split("<main>")[1]
+    assert re.findall(r'<section id="(\w+)">', main)[:3] == ["headline", "results", "training"]
+    headline = main.split('<section id="results">')[0]
+    assert "<h2>Held-out</h2>" in headline and '<img alt="headline"' in headline
+    assert page.count('<tr class=headline><td>pick <span class="mark">held-out</span></td><td>valid_unseen</td>') == 5  # its five rows among the others
+    groups = chart_groups({"results": results})
+    drawn = {f"{f}-{s}" for (f, s), rows in groups.items() if says_something(rows)}
+    assert set(re.findall(r'<img alt="((?:ALFWorld|SearchQA)-\w+)"', page)) == drawn
+    command = html.unescape(re.search(r'<pre class="command">(.*?)</pre>', headline, re.S).group(1))
+    args = shlex.split(command)
+    assert args[:3] == ["agentgym-opsd", "eval", "agentgym/ALFWorld-Pick-v0"] and "stepopsd" in args[args.index("--agent") + 1]
+    args[args.index("--out") + 1] = str(tmp_path / "replay")
+    assert main_cli(args[1:]) == 0
+    replayed = sorted(load_episodes(tmp_path / "replay" / "episodes.jsonl"), key=lambda e: e.seed)
+    played = sorted((e for e in episodes if json.loads(e.meta["bench_key"])[1:3] == ["agentgym/ALFWorld-Pick-v0", "valid_unseen"]
+                     and e.agent == "stepopsd"),
+                    key=lambda e: json.loads(e.meta["bench_key"])[3])
+    assert [(e.task_id, e.success, [t.action for t in e.turns]) for e in replayed] == \
+        [(e.task_id, e.success, [t.action for t in e.turns]) for e in played]
+    # The in-training evaluation says how many episodes a point is.
+    assert f"eval/success: each point is {DemoSettings.quick().eval_episodes} greedy episode" in page
     assert "<td class=agent>grpo</td>" in page and "<td class=agent>stepopsd</td>" in page
     data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S).group(1))
     trained = [e for e in data["episodes"] if e["source"] == "train:stepopsd"]
@@ -88,3 +113,12 @@ def test_the_held_out_rows_test_against_random_is_fishers_exact_test():
     assert abs(_fisher_greater(2, 100, 0, 100) - 100 * 99 / (200 * 199)) < 1e-12
     assert _fisher_greater(0, 100, 0, 100) == 1.0 and _fisher_greater(0, 5, 3, 5) == 1.0
     assert _fisher_greater(3, 5, 0, 5) < _fisher_greater(2, 5, 0, 5) < _fisher_greater(2, 5, 1, 5)
+
+
+def test_the_in_training_evaluation_can_see_the_held_out_rows_rate():
+    """The trainer's evaluation plays the first held-out games; at the ~5% a tiny policy reaches there,
+    it must not read 0 most of the time (10 episodes read 0/10 with a chance of 60%)."""
+    from agentgym_opsd.app.demo import DemoSettings
+
+    settings = DemoSettings()
+    assert settings.eval_episodes <= settings.held_out and 0.95 ** settings.eval_episodes < 0.05

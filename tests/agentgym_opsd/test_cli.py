@@ -11,26 +11,43 @@ from pathlib import Path
 import pytest
 
 from agentgym_opsd.app.cli import main
-from agentgym_opsd.usage import UsageError, parse_options
+from agentgym_opsd.usage import UsageError, format_option, parse_options
 
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "data" / "example_plugin"
 
 
-def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    """The real console script in a subprocess, with the example plug-in installed on its path."""
+def run_cli(*args: str, input: str | None = None, columns: int | None = None) -> subprocess.CompletedProcess:
+    """The real console script in a subprocess, with the example plug-in installed on its path (its
+    output is a pipe: text is wrapped to `columns`, else to 100)."""
     env = dict(os.environ, PYTHONPATH=str(EXAMPLE_PLUGIN) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("COLUMNS", None)
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
     exe = Path(sys.executable).with_name("agentgym-opsd")
     return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, input=input, timeout=300)
 
 
-def test_list_shows_plugin_with_sizes() -> None:
-    r = run_cli("list")
-    assert r.returncode == 0, r.stderr
-    line = next(l for l in r.stdout.splitlines() if l.startswith("example/GuessNumber-v0"))
-    assert "test (20)" in line and "Example" in line
+def test_list_fits_the_width_and_describes_a_plugin_registered_as_the_readme_shows() -> None:
+    """The example plug-in registers without `description` and `sizes` (as the README's example):
+    `list` reads its class docstring and counts its tasks; every line fits 100 columns (a pipe) or
+    the terminal's width."""
+    for columns in (None, 72):
+        r = run_cli("list", columns=columns)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert max(len(l) for l in lines) <= (columns or 100), max(lines, key=len)
+        def block(env_id: str) -> str:  # the id's row and its wrapped lines (splits, description)
+            start = next(i for i, l in enumerate(lines) if l.startswith(env_id + " "))
+            end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+            return " ".join(" ".join(l.split()) for l in lines[start:end])
+
+        assert block("example/GuessNumber-v0").startswith("example/GuessNumber-v0 Example guess test (20) "
+                                                          "Find a hidden number in [1, high];")
+        # a long row wraps: every split of NQ is there, none cut
+        assert all(f"{split} (" in block("agentgym/SearchQA-NQ-v0") for split in ("train", "dev", "test"))
 
 
-def test_eval_writes_episodes_and_summary(tmp_path) -> None:
+def test_eval_writes_episodes_and_summary(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "7", "--seed", "2", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -47,6 +64,23 @@ def test_eval_writes_episodes_and_summary(tmp_path) -> None:
     assert main(["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "7", "--seed", "2", "--out", str(out), "--resume"]) == 0
     again = (out / "episodes.jsonl").read_text().splitlines()
     assert again[:3] == kept and len(again) == 7
+    assert "resuming: 3 of 7 episodes done\n" in capsys.readouterr().out
+
+
+def test_eval_checks_the_agent_before_the_env_generates_its_games(tmp_path) -> None:
+    """A model folder that is not there is refused before ALFWorld generates a game (it spent a
+    minute generating 120 games before saying so)."""
+    cache = tmp_path / "cache"
+    common = ["--option", f"cache_dir={cache}", "--option", "panel_size=1", "--option", "panel_own_types=true",
+              "--out", str(tmp_path / "out")]
+    r = run_cli("eval", "agentgym/ALFWorld-Pick-v0", "--agent", f"hf:{tmp_path}/nope/model", *common)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == (f"agentgym-opsd: error: hf:{tmp_path}/nope/model: no such folder; give a local model "
+                                "folder (a Qwen2.5/Qwen3 download, or a trainer run's OUT/model)")
+    assert not cache.exists() or not any(cache.rglob("*.tw-pddl"))
+    r = run_cli("eval", "agentgym/ALFWorld-Pick-v0", "--agent", "hf:x?temprature=0", *common)
+    assert r.returncode == 2 and "unknown option(s) ['temprature']" in r.stderr
+    assert not cache.exists() or not any(cache.rglob("*.tw-pddl"))
 
 
 def test_random_agent_summary_counts_invalid_and_failures(tmp_path) -> None:
@@ -82,10 +116,32 @@ def test_bad_arguments_give_one_line_errors(tmp_path, args, message) -> None:
     assert message in err and "Traceback" not in err
 
 
-def test_play_reads_turns_from_stdin() -> None:
-    r = run_cli("play", "example/GuessNumber-v0", "--seed", "4", input="guess 3\n<action>guess 5</action>\n")
+def test_play_reads_turns_from_stdin_and_takes_a_bare_command_in_every_env() -> None:
+    """`play` sends a bare command in the env's action format, in an env that refuses bare commands
+    from agents (the plug-in) as in one that accepts them (ALFWorld); a turn with tags goes as it is."""
+    r = run_cli("play", "example/GuessNumber-v0", "--seed", "4", input="guess 3\n<action>guess 4\nguess 5\n")
     assert r.returncode == 0, r.stderr
-    assert "Find the hidden number" in r.stdout and "Invalid action" in r.stdout and "Correct!" in r.stdout
+    assert "Find the hidden number" in r.stdout and "Correct!" in r.stdout
+    assert "(sent as <action>guess 3</action>)" in r.stdout and "(sent as <action>guess 5</action>)" in r.stdout
+    assert r.stdout.count("Invalid action") == 1 and "unclosed <action>" in r.stdout  # a broken tag is still invalid
+    assert "return 1" in r.stdout
+
+
+def test_play_wraps_bare_commands_in_the_envs_own_tag() -> None:
+    from agentgym_opsd.app.cli import as_played_turn
+    from agentgym_opsd.core import TextEnv
+
+    class Search(TextEnv):
+        action_tags = ("search", "answer")
+
+    class Bare(TextEnv):
+        allow_bare_action = True
+
+    for env in (Search(), Bare(), Search(allow_bare_action=True)):
+        tag = env.action_tags[0]
+        assert as_played_turn(env, "  go to fridge 1 ") == f"<{tag}>go to fridge 1</{tag}>"
+        assert as_played_turn(env, "<answer>x</answer>") == "<answer>x</answer>"  # tags: as typed
+        assert as_played_turn(env, "<think>hm</think>") == "<think>hm</think>"  # no action: the env says so
 
 
 def test_parse_options_reads_json_values() -> None:
@@ -94,13 +150,48 @@ def test_parse_options_reads_json_values() -> None:
     }
     with pytest.raises(UsageError):
         parse_options(["=3"])
+    # format_option writes what parse_options reads back (the report's eval commands use it)
+    for value in ("small", "3", "true", "null", "NaN", " x ", "a=b", 'say "hi"', 3, 0.5, True, None, {"train": 200}, [1, 2]):
+        assert parse_options([format_option("key", value)]) == {"key": value}
+    assert format_option("room", "small") == "room=small" and format_option("name", "3") == 'name="3"'
+
+
+def _option_blocks(stdout: str) -> dict[str, tuple[str, str]]:
+    """`list --options` output -> {name: (default, description)} (a block per option: `  name =
+    default`, then the description's lines indented by six)."""
+    blocks: dict[str, tuple[str, str]] = {}
+    name = None
+    for line in stdout.splitlines():
+        if line.startswith("  ") and not line.startswith("   ") and " = " in line:
+            name, _, default = line.strip().partition(" = ")
+            blocks[name] = (default, "")
+        elif line.startswith("      ") and name is not None:
+            default, text = blocks[name]
+            blocks[name] = (default, (text + " " + line.strip()).strip())
+    return blocks
 
 
 def test_list_options_shows_an_envs_keywords_with_defaults_and_meaning() -> None:
     r = run_cli("list", "--options", "example/GuessNumber-v0")
     assert r.returncode == 0, r.stderr
-    rows = {line.split()[0]: line for line in r.stdout.splitlines()[2:]}
-    assert set(rows) == {"high", "max_turns", "allow_bare_action", "render_mode", "turn_labels"} and rows["high"].split()[1] == "20"
-    assert "turns before the episode is truncated" in rows["max_turns"]  # TextEnv's docstring
+    rows = _option_blocks(r.stdout)
+    assert set(rows) == {"high", "max_turns", "allow_bare_action", "render_mode", "turn_labels"} and rows["high"][0] == "20"
+    assert rows["max_turns"] == ("null (the env's own: 10)", "turns before the episode is truncated.")  # TextEnv's docstring
+    assert rows["high"][1].startswith("the largest number") and "`ansi`" in rows["render_mode"][1]
     r = run_cli("list", "--options", "example/GuesNumber-v0")
     assert r.returncode == 2 and "did you mean example/GuessNumber-v0" in r.stderr
+
+
+def test_list_options_gives_every_option_its_own_whole_description() -> None:
+    """No description is cut, none is missing, and options documented together in one docstring line
+    (the panel's seed, room and size) each get their own text: what `room=small` means is there."""
+    r = run_cli("list", "--options", "agentgym/ALFWorld-Pick-v0", columns=90)
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and max(len(l) for l in r.stdout.splitlines()) <= 90
+    rows = _option_blocks(r.stdout)
+    assert {"panel_seed", "room", "panel_size", "progress", "render_mode", "split"} <= set(rows)
+    assert all(text and text != "(not documented)" and not text.lower().startswith("see `") for _, text in rows.values()), rows
+    texts = [rows[n][1] for n in ("panel_seed", "room", "panel_size")]
+    assert len(set(texts)) == 3
+    assert "`small`" in rows["room"][1] and "at most 6 receptacles" in rows["room"][1]
+    assert rows["panel_size"][1].count("games per task type") == 1 and "seed" in rows["panel_seed"][1]

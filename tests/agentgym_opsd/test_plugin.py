@@ -10,7 +10,7 @@ import gymnasium as gym
 
 import agentgym_opsd
 from agentgym_opsd.contract import check_text_env
-from agentgym_opsd.registry import ENTRY_POINT_GROUP, load_plugins, plugin_errors, registered_envs
+from agentgym_opsd.registry import ENTRY_POINT_GROUP, env_description, load_plugins, plugin_errors, registered_envs, task_count
 
 
 def test_example_plugin_is_registered_through_its_entry_point() -> None:
@@ -19,7 +19,8 @@ def test_example_plugin_is_registered_through_its_entry_point() -> None:
     names = {ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
     assert "agentgym_example_plugin:register" in names
     entry = {e.id: e for e in registered_envs()}["example/GuessNumber-v0"]
-    assert entry.family == "Example" and entry.sizes("test") == 20
+    assert entry.family == "Example" and task_count(entry.id, "test") == 20  # no `sizes`: the env's num_tasks
+    assert env_description(entry.id).startswith("Find a hidden number")  # no `description`: the class docstring
     env = gym.make("example/GuessNumber-v0")  # plain gymnasium works after `import agentgym_opsd`
     assert isinstance(env.unwrapped, agentgym_opsd.TextEnv)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -218,3 +219,104 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     keep = os.environ.get("AGENTGYM_REPORT_SCREENSHOT")
     if keep:  # to look at it: AGENTGYM_REPORT_SCREENSHOT=/tmp/report.png pytest ...
         shutil.copy(shot, keep)
+
+
+LONG_NAME = "hf:runs/demo/training/stepopsd/model?temperature=0&max_new_tokens=24"
+
+
+@pytest.fixture(scope="module")
+def headline_run(tmp_path_factory) -> Path:
+    """A bench with a headline (the Tally Large row, labelled held-out), an agent with a long name,
+    a subset that only the expert wins (GuessNumber in one turn), and two training runs whose
+    configs say how large their in-training evaluation is."""
+    run = tmp_path_factory.mktemp("headline") / "run"
+    config = config_from_dict({
+        "name": "headline-test", "episodes": 6,
+        "agents": ["expert", "random", {"name": LONG_NAME, "agent": "random"}],
+        "envs": [{"family": "Tally"}, {"id": "example/GuessNumber-v0", "options": {"max_turns": 1, "high": 40}}],
+        "headline": {"id": "benchtest/Tally-Large-v0", "label": "held-out", "note": "The `large` targets."},
+    })
+    run_bench(config, run, progress=False, report=False)
+    for method in ("grpo", "stepopsd"):
+        append_jsonl(run / "training" / method / "metrics.jsonl",
+                     [{"kind": "eval", "step": u, "eval/success": 0.0} for u in (0, 4)]
+                     + [{"kind": "train", "step": u, "train/success": 0.1 * u} for u in (1, 2, 3, 4)])
+        (run / "training" / method / "config.json").write_text(json.dumps(
+            {"env_id": "benchtest/Tally-Large-v0", "eval_episodes": 10, "eval_seeds": [], "eval_temperature": 0.0,
+             "eval_env_options": {"subset": "large"}}))
+    write_report(run)
+    return run
+
+
+def test_the_headline_comes_first_and_large_and_its_rows_are_marked(headline_run):
+    from agentgym_opsd.app.results import chart_groups, says_something
+
+    page = (headline_run / "report.html").read_text()
+    main = page.split("<main>")[1]
+    assert re.findall(r'<section id="(\w+)">', main)[:2] == ["headline", "results"]
+    headline = main.split('<section id="results">')[0]
+    assert '<div class="plots wide"><figure><img alt="headline"' in headline and "<code>large</code> targets" in headline
+    results = json.loads((headline_run / "results.json").read_text())["results"]
+    for r in results:
+        row = f"<td class=agent>{html.escape(r['agent'])}</td><td class=num>6</td><td class=num><b>{100 * r['success_rate']:.1f}</b>"
+        in_headline = r["env_id"] == "benchtest/Tally-Large-v0"
+        assert (f"<tr><td>{r['subset']}</td><td>test</td>{row}" in headline) == in_headline
+        # marked among the results table's rows
+        marked = f'<tr class=headline><td>{r["subset"]} <span class="mark">held-out</span></td><td>test</td>{row}'
+        assert (marked in main.split('<section id="results">')[1]) == in_headline
+    # and in results.md (what `bench` and the demo print)
+    table = (headline_run / "results.md").read_text()
+    assert table.count("| large **(held-out)** | test |") == 3 and "| small **(held-out)**" not in table
+    # Charts: the ones that say something are drawn, the others named in one line; the headline's own
+    # chart is the full-width one.
+    groups = chart_groups({"results": results})
+    drawn = {f"{family}-{subset}" for (family, subset), rows in groups.items() if says_something(rows)}
+    silent = [f"{family} {subset}" for (family, subset), rows in groups.items() if not says_something(rows)]
+    assert silent == ["Example guess"] and drawn  # GuessNumber in one turn: only the expert wins
+    assert {p.stem for p in (headline_run / "plots").glob("*.png")} == drawn | {"headline"}
+    assert set(re.findall(r'<img alt="([\w-]+)"', main.split('<section id="results">')[1].split('<section id="training">')[0])) == drawn
+    assert f"Not drawn: 1 chart in which no agent but the expert won an episode ({silent[0]})" in page
+
+
+def test_the_headline_gives_the_eval_command_that_plays_its_episodes_again(headline_run, tmp_path):
+    """Each agent's command parses, and `eval` plays the same tasks (the expert with the same outcome)."""
+    import shlex
+
+    from agentgym_opsd.app.cli import main
+
+    page = (headline_run / "report.html").read_text()
+    headline = page.split('<section id="headline">')[1].split("</section>")[0]
+    commands = [html.unescape(c) for c in re.findall(r'<pre class="?command"?>(.*?)</pre>', headline, re.S)]
+    assert len(commands) == 4 and commands[0] == commands[-1]  # the last agent's shown first, then one per agent
+    bench = load_episodes(headline_run / "episodes.jsonl")
+    for number, (command, name) in enumerate(zip(commands[1:], ("expert", "random", LONG_NAME), strict=True)):
+        args = shlex.split(command)
+        assert args[:3] == ["agentgym-opsd", "eval", "benchtest/Tally-Large-v0"]
+        agent = args[args.index("--agent") + 1]
+        assert agent == ("random" if name == LONG_NAME else name)
+        args[args.index("--out") + 1] = str(tmp_path / str(number))
+        assert main(args[1:]) == 0
+        replayed = sorted(load_episodes(tmp_path / str(number) / "episodes.jsonl"), key=lambda e: e.seed)
+        played = sorted((e for e in bench if e.env_id == "benchtest/Tally-Large-v0" and e.agent == name),
+                        key=lambda e: json.loads(e.meta["bench_key"])[3])
+        assert [e.task_id for e in replayed] == [e.task_id for e in played] and len(played) == 6
+        if agent == "expert":
+            assert [e.success for e in replayed] == [e.success for e in played]
+
+
+def test_in_training_evaluation_says_how_many_episodes_a_point_is(headline_run):
+    page = (headline_run / "report.html").read_text()
+    training = page.split('<section id="training">')[1].split("</section>")[0]
+    assert ("eval/success: each point is 10 greedy episodes on benchtest/Tally-Large-v0 (subset=large), the same "
+            "games at every point. A policy that wins 5% of its games reads 0/10 there 60% of the time; the held-out "
+            "result above (6 episodes per agent) is the measure") in training
+
+
+def test_agent_names_are_wrapped_never_cut():
+    from agentgym_opsd.app.charts import wrap_label
+
+    for name in (LONG_NAME, "warm start", "x" * 70, "openai:http://127.0.0.1:8000/v1#qwen3-0.6b?temperature=0", ""):
+        for width in (8, 22, 34):
+            lines = wrap_label(name, width).split("\n")
+            assert "".join(lines) == name and all(len(line) <= width for line in lines)
+    assert wrap_label(LONG_NAME, 22).split("\n")[:2] == ["hf:runs/demo/training/", "stepopsd/model?"]

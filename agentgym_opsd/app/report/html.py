@@ -7,18 +7,19 @@ import html
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.app.report.credit import episode_credit, merge_credit_file
-from agentgym_opsd.app.results import COUNTING_NOTE, subset_rows
+from agentgym_opsd.app.results import COUNTING_NOTE, REFERENCE_AGENT, chart_groups, says_something, subset_rows
 from agentgym_opsd.episode import Episode, load_episodes
 from agentgym_opsd.io import atomic_write_text, read_jsonl_numbered
 from agentgym_opsd.summary import episodes_cell
 from trainer.plots import curves_png
 
-__all__ = ["RunData", "load_run", "render_report", "write_report"]
+__all__ = ["RunData", "Section", "SECTIONS", "load_run", "render_report", "write_report"]
 
 # Metrics drawn first when a training run logs them (then any other shared numeric key).
 _PREFERRED_METRICS = (
@@ -46,6 +47,8 @@ class RunData:
             `train:<method>`.
         meta: counts and notes shown in the header (`about`: the run folder's `about.txt`, a
             note its producer left for readers, e.g. the demo's "what this run is").
+        bench: the bench's config (`agentgym_opsd.app.bench.BenchConfig`, from config.json), or None.
+        training_configs: method -> its trainer config (training/<method>/config.json).
     """
 
     run_dir: Path
@@ -55,6 +58,8 @@ class RunData:
     training: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     viewer: list[tuple[str, Episode]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    bench: Any = None
+    training_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _pick_bench_episodes(episodes: list[Episode], per_group: int) -> list[Episode]:
@@ -122,6 +127,13 @@ def load_run(run_dir: str | Path, *, per_group: int = 4, per_method: int = 24) -
         data.results = json.loads(results_path.read_text(encoding="utf-8"))
         data.name = str(data.results.get("name") or data.name)
     data.plots = sorted((run_dir / "plots").glob("*.png")) if (run_dir / "plots").is_dir() else []
+    config_path = run_dir / "config.json"
+    if config_path.exists():
+        from agentgym_opsd.app.bench import BenchConfig
+
+        saved = json.loads(config_path.read_text(encoding="utf-8"))
+        if isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "agents" in saved["config"]:
+            data.bench = BenchConfig.from_dict(saved["config"])
     episodes_path = run_dir / "episodes.jsonl"
     bench_episodes: list[Episode] = []
     if episodes_path.exists():
@@ -134,6 +146,8 @@ def load_run(run_dir: str | Path, *, per_group: int = 4, per_method: int = 24) -
     if training_dir.is_dir():
         for method_dir in sorted(p for p in training_dir.iterdir() if p.is_dir()):
             method = method_dir.name
+            if (method_dir / "config.json").is_file():
+                data.training_configs[method] = json.loads((method_dir / "config.json").read_text(encoding="utf-8"))
             metrics_path = method_dir / "metrics.jsonl"
             if metrics_path.exists():
                 rows = [row for _, row in read_jsonl_numbered(metrics_path, skip_torn_lines=True)]
@@ -159,9 +173,39 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def _results_html(results: dict[str, Any]) -> str:
-    """One table per env family: subset, split, agent, episodes, success with its 95% interval (and
-    a bar), mean score, mean turns, invalid-action rate, errored episodes."""
+_RESULTS_HEAD = ("<tr><th>subset</th><th>split</th><th>agent</th><th>episodes</th><th>success %</th><th>95% CI</th>"
+                 "<th></th><th>mean score</th><th>mean turns</th><th>invalid %</th><th>errored</th></tr>")
+
+
+def _result_row_html(r: dict[str, Any], name: str, s: dict[str, Any], errors: Any, mark: str | None) -> str:
+    """One table row: subset (with the headline's mark), split, agent, episodes, success with its 95%
+    interval (and a bar), mean score, mean turns, invalid-action rate, errored episodes."""
+    low, high = s["success_ci95"]
+    rate = s["success_rate"]
+    bar = (
+        f'<span class="ci" style="left:{100 * low:.1f}%;width:{100 * (high - low):.1f}%"></span>'
+        f'<span class="pt" style="left:{100 * rate:.1f}%"></span>'
+    )
+    marked = f' <span class="mark">{html.escape(mark)}</span>' if mark else ""
+    return (
+        f"<tr{' class=headline' if mark else ''}>"
+        f"<td>{html.escape(name)}{marked}</td><td>{html.escape(r['split'])}</td>"
+        f"<td class=agent>{html.escape(r['agent'])}</td><td class=num>{episodes_cell(s)}</td>"
+        f"<td class=num><b>{_pct(rate)}</b></td>"
+        f"<td class=num>[{_pct(low)}, {_pct(high)}]</td><td class=bar><div class=track>{bar}</div></td>"
+        f"<td class=num>{s['mean_score']:.3f}</td><td class=num>{s['mean_turns']:.1f}</td>"
+        f"<td class=num>{_pct(s['invalid_rate'])}</td><td class=num>{errors}</td>"
+        "</tr>"
+    )
+
+
+def _is_headline(r: dict[str, Any], headline: Any) -> bool:
+    return headline is not None and (r["env_id"], r["split"]) == (headline.id, headline.split)
+
+
+def _results_html(results: dict[str, Any], headline: Any = None) -> str:
+    """One table per env family (rows by subset and split, agents in config order); the headline's
+    rows are marked with its label."""
     by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in results.get("results", []):
         by_family[r["family"]].append(r)
@@ -169,41 +213,31 @@ def _results_html(results: dict[str, Any]) -> str:
     for family, rows in by_family.items():
         body = []
         for r in sorted(rows, key=lambda r: (r["subset"], r["split"])):
+            mark = headline.label if _is_headline(r, headline) else None
             for name, s, errors in subset_rows(r):
-                low, high = s["success_ci95"]
-                rate = s["success_rate"]
-                bar = (
-                    f'<span class="ci" style="left:{100 * low:.1f}%;width:{100 * (high - low):.1f}%"></span>'
-                    f'<span class="pt" style="left:{100 * rate:.1f}%"></span>'
-                )
-                body.append(
-                    "<tr>"
-                    f"<td>{html.escape(name)}</td><td>{html.escape(r['split'])}</td>"
-                    f"<td class=agent>{html.escape(r['agent'])}</td><td class=num>{episodes_cell(s)}</td>"
-                    f"<td class=num><b>{_pct(rate)}</b></td>"
-                    f"<td class=num>[{_pct(low)}, {_pct(high)}]</td><td class=bar><div class=track>{bar}</div></td>"
-                    f"<td class=num>{s['mean_score']:.3f}</td><td class=num>{s['mean_turns']:.1f}</td>"
-                    f"<td class=num>{_pct(s['invalid_rate'])}</td><td class=num>{errors}</td>"
-                    "</tr>"
-                )
-        parts.append(
-            f'<h3>{html.escape(family)}</h3><table class="results"><thead><tr><th>subset</th><th>split</th>'
-            "<th>agent</th><th>episodes</th><th>success %</th><th>95% CI</th><th></th><th>mean score</th>"
-            "<th>mean turns</th><th>invalid %</th><th>errored</th></tr></thead><tbody>"
-            + "".join(body)
-            + "</tbody></table>"
-        )
+                body.append(_result_row_html(r, name, s, errors, mark if name == r["subset"] else None))
+        parts.append(f'<h3>{html.escape(family)}</h3><table class="results"><thead>{_RESULTS_HEAD}</thead><tbody>'
+                     + "".join(body) + "</tbody></table>")
     return "\n".join(parts)
 
 
-def _plots_html(plots: list[Path]) -> str:
-    figures = []
-    for path in plots:
-        figures.append(
-            f'<figure><img alt="{html.escape(path.stem)}" src="{_png_data_uri(path.read_bytes())}">'
-            f"<figcaption>{html.escape(path.stem)}</figcaption></figure>"
-        )
-    return f'<div class="plots">{"".join(figures)}</div>' if figures else ""
+def _figure_html(path: Path, caption: str) -> str:
+    return (f'<figure><img alt="{html.escape(path.stem)}" src="{_png_data_uri(path.read_bytes())}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _plots_html(plots: list[Path], results: dict[str, Any]) -> str:
+    """The charts that say something, and a line naming the ones not drawn (every agent but the
+    expert won nothing there: the table holds those rows)."""
+    from agentgym_opsd.app.bench import HEADLINE_CHART
+
+    figures = "".join(_figure_html(path, path.stem) for path in plots if path.name != HEADLINE_CHART)
+    silent = [f"{family} {subset}" for (family, subset), rows in chart_groups(results).items() if not says_something(rows)]
+    note = ""
+    if silent:
+        note = (f'<p class="note">Not drawn: {len(silent)} chart{"s" if len(silent) > 1 else ""} in which no agent but the '
+                f"{REFERENCE_AGENT} won an episode ({html.escape(', '.join(silent))}); the tables above hold their rows.</p>")
+    return (f'<div class="plots">{figures}</div>' if figures else "") + note
 
 
 def _training_metric_names(training: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -218,11 +252,45 @@ def _training_metric_names(training: dict[str, list[dict[str, Any]]]) -> list[st
     return ordered[:4]
 
 
-def _training_html(training: dict[str, list[dict[str, Any]]]) -> str:
+def _eval_size(config: dict[str, Any]) -> int | None:
+    """Episodes per in-training evaluation of a trainer config (None: it does not evaluate)."""
+    seeds = config.get("eval_seeds") or []
+    n = len(seeds) if seeds else int(config.get("eval_episodes") or 0)
+    return n or None
+
+
+def _eval_note(data: RunData) -> str:
+    """What a point of the in-training evaluation curve is, and what it can see: with n episodes a
+    low success rate reads 0/n most of the time, which the chart alone would not say."""
+    sizes = {m: _eval_size(c) for m, c in data.training_configs.items()}
+    sizes = {m: n for m, n in sizes.items() if n}
+    if not sizes:
+        return ""
+    n = min(sizes.values())
+    config = next(c for m, c in data.training_configs.items() if sizes.get(m) == n)
+    options = ", ".join(f"{k}={v}" for k, v in (config.get("eval_env_options") or {}).items())
+    temperature = config.get("eval_temperature")
+    how = "greedy" if temperature == 0 else f"temperature {temperature}"
+    same = "the same games at every point" if not config.get("eval_seeds") else "the same seeds at every point"
+    text = (f"eval/success: each point is {n} {how} episode{'s' if n > 1 else ''} on {config.get('env_id', 'the env')}"
+            f"{f' ({options})' if options else ''}, {same}. A policy that wins 5% of its games reads 0/{n} there "
+            f"{100 * 0.95 ** n:.0f}% of the time")
+    headline = data.bench.headline if data.bench is not None else None
+    row = next((r for r in (data.results or {}).get("results", []) if _is_headline(r, headline)), None)
+    if row is not None:
+        text += f"; the {headline.label} result above ({row['episodes']} episodes per agent) is the measure of what the policies learned"
+    return text + "."
+
+
+def _training_html(training: dict[str, list[dict[str, Any]]], eval_sizes: dict[str, int] | None = None) -> str:
     if not training:
         return ""
     names = _training_metric_names(training)
     titles = {n: _METRIC_TITLES.get(n, n.replace("_", " ")) for n in names}
+    sizes = set((eval_sizes or {}).values())
+    for n in names:
+        if n.startswith("eval/success") and len(sizes) == 1:
+            titles[n] += f" ({sizes.pop()} episodes per point)"
     png = curves_png(training, names, titles=titles) if names else None
     rows = []
     for method, metrics in training.items():
@@ -309,37 +377,106 @@ def _script_json(obj: Any) -> str:
 _TEMPLATE = Path(__file__).with_name("template.html")
 
 
-def render_report(data: RunData) -> str:
-    """The report page as one HTML string."""
+@dataclass(frozen=True)
+class Section:
+    """One section of the page: its anchor, its heading (also its link in the header) and its HTML."""
+
+    id: str
+    title: str
+    body: str
+
+
+def headline_section(data: RunData) -> Section | None:
+    """The result that matters (the bench's `headline`), first and large: its full-width chart, its
+    rows, and the exact `agentgym-opsd eval` command that plays its episodes again."""
+    from agentgym_opsd.app.bench import HEADLINE_CHART, eval_command, headline_title
+
+    headline = data.bench.headline if data.bench is not None else None
+    if headline is None or not data.results:
+        return None
+    rows = [r for r in data.results.get("results", []) if _is_headline(r, headline)]
+    if not rows:
+        return None
+    parts = [f"<p>{_inline_code(headline.note)}</p>" if headline.note else ""]
+    chart = next((p for p in data.plots if p.name == HEADLINE_CHART), None)
+    if chart is not None:
+        parts.append(f'<div class="plots wide">{_figure_html(chart, headline_title(headline))}</div>')
+    body = "".join(_result_row_html(r, name, st, errors, None) for r in rows for name, st, errors in subset_rows(r)
+                   if name == r["subset"])  # fmt: skip
+    parts.append(f'<table class="results"><thead>{_RESULTS_HEAD}</thead><tbody>{body}</tbody></table>')
+    spec = data.bench.headline_spec()
+    seeds = list(data.bench.seeds)
+    per_seed = spec.episodes if isinstance(spec.episodes, int) else rows[0]["episodes"] // max(1, len(seeds))
+    commands = [(a, eval_command(data.bench, spec, a, per_seed, seed=seeds[0])) for a in data.bench.agents]
+    shown = commands[-1]
+    others = "".join(f"<p class=note>{html.escape(a.name)}:</p><pre class=command>{html.escape(c)}</pre>" for a, c in commands)
+    more = (f" Run seed {seeds[0]} of {len(seeds)}: another run seed s plays the episodes of "
+            f"<code>--seed</code> s &times; {per_seed}." if len(seeds) > 1 else "")
+    parts.append(
+        f'<h3>Play these episodes again</h3><p class="note">The {html.escape(headline.label)} row of '
+        f"<code>{html.escape(shown[0].name)}</code>, with the bench's env keywords, tasks and context ("
+        f"<code>--agent</code> takes any agent of the table: the commands for each are below).{more}</p>"
+        f'<pre class="command">{html.escape(shown[1])}</pre>'
+        f"<details><summary>the command for each agent</summary>{others}</details>"
+    )
+    return Section("headline", headline.label[:1].upper() + headline.label[1:], "".join(parts))
+
+
+def results_section(data: RunData) -> Section | None:
+    """Every result, a table per env family (the headline's rows marked), and the charts that say something."""
+    if not data.results:
+        return None
+    headline = data.bench.headline if data.bench is not None else None
+    marked = (f' Rows marked <span class="mark">{html.escape(headline.label)}</span> are the {html.escape(headline.label)} '
+              "result shown first." if headline is not None else "")
+    note = ('<p class="note">Success rate with its 95% Wilson interval (the bar: the interval, the mark: the rate); invalid % '
+            "is the share of turns that were malformed or not admissible." + marked + " " + _inline_code(COUNTING_NOTE) + "</p>")
+    return Section("results", "Results", note + _results_html(data.results, headline) + _plots_html(data.plots, data.results))
+
+
+def training_section(data: RunData) -> Section | None:
+    """Each training run's curves side by side, with what its in-training evaluation can see."""
+    if not data.training:
+        return None
+    sizes = {m: n for m, c in data.training_configs.items() if (n := _eval_size(c))}
+    note = _eval_note(data)
+    return Section("training", "Training", (f'<p class="note">{html.escape(note)}</p>' if note else "")
+                   + _training_html(data.training, sizes))
+
+
+def trajectories_section(data: RunData) -> Section | None:
+    """The trajectory viewer (filled by the page's script from the data block)."""
+    if not data.viewer:
+        return None
+    return Section(
+        "trajectories", "Trajectories",
+        '<p class="note">' + html.escape(_viewer_note(data)) + "</p>"
+        '<p class="note">Each turn: the agent\'s response, '
+        "the per-turn credit, and the env's observation. Where a trainer recorded StepOPSD credit, the scored "
+        "action tokens are coloured by their weight w<sub>t</sub>: green above 1 (the token takes more of the "
+        "episode's advantage: more credit when A &gt; 0, more blame when A &lt; 0), red below 1; or by the "
+        "teacher-student gap &delta;<sub>t</sub> (green: the teacher with hindsight finds the token likelier).</p>"
+        '<div class="viewer"><div class="picker"><select id="filter"></select><ol id="episode-list"></ol></div>'
+        '<div id="episode"></div></div>',
+    )
+
+
+# The page's sections, in order: each takes the run's data and returns its Section, or None when
+# the run has nothing for it. A new section is one more function here.
+SECTIONS: list[Callable[[RunData], Section | None]] = [headline_section, results_section, training_section,
+                                                       trajectories_section]
+
+
+def render_report(data: RunData, sections: list[Callable[[RunData], Section | None]] | None = None) -> str:
+    """The report page as one HTML string, with `sections` (default `SECTIONS`) in order."""
     instructions: dict[str, int] = {}
     viewer = [_episode_json(source, e, instructions) for source, e in data.viewer]
     for item, key in zip(viewer, _viewer_keys(data.viewer), strict=True):
         item["key"] = key
     payload = {"episodes": viewer, "instructions": list(instructions)}
-    sections = []
-    nav = []
-    if data.results:
-        sections.append(
-            '<section id="results"><h2>Results</h2><p class="note">Success rate with its 95% Wilson interval '
-            "(the bar: the interval, the mark: the rate); invalid % is the share of turns that were malformed "
-            "or not admissible. " + _inline_code(COUNTING_NOTE) + "</p>" + _results_html(data.results) + _plots_html(data.plots) + "</section>"
-        )
-        nav.append('<a href="#results">Results</a>')
-    if data.training:
-        sections.append('<section id="training"><h2>Training</h2>' + _training_html(data.training) + "</section>")
-        nav.append('<a href="#training">Training</a>')
-    if viewer:
-        sections.append(
-            '<section id="trajectories"><h2>Trajectories</h2><p class="note">' + html.escape(_viewer_note(data)) + "</p>"
-            '<p class="note">Each turn: the agent\'s response, '
-            "the per-turn credit, and the env's observation. Where a trainer recorded StepOPSD credit, the scored "
-            "action tokens are coloured by their weight w<sub>t</sub>: green above 1 (the token takes more of the "
-            "episode's advantage: more credit when A &gt; 0, more blame when A &lt; 0), red below 1; or by the "
-            "teacher-student gap &delta;<sub>t</sub> (green: the teacher with hindsight finds the token likelier).</p>"
-            '<div class="viewer"><div class="picker"><select id="filter"></select><ol id="episode-list"></ol></div>'
-            '<div id="episode"></div></div></section>'
-        )
-        nav.append('<a href="#trajectories">Trajectories</a>')
+    built = [section for build in (SECTIONS if sections is None else sections) if (section := build(data)) is not None]
+    html_sections = [f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in built]
+    nav = [f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in built]
     about = data.meta.get("about")
     about_html = f'<p class="about">{_inline_code(about)}</p>' if about else ""
     stamp = time.strftime("%Y-%m-%d %H:%M")
@@ -352,7 +489,7 @@ def render_report(data: RunData) -> str:
         .replace("{{summary}}", html.escape(f"{summary}; written {stamp}"))
         .replace("{{nav}}", " ".join(nav))
         .replace("{{about}}", about_html)
-        .replace("{{sections}}", "\n".join(sections) or "<p>This run folder holds nothing to report yet.</p>")
+        .replace("{{sections}}", "\n".join(html_sections) or "<p>This run folder holds nothing to report yet.</p>")
         .replace("{{data}}", _script_json(payload))
     )
 

@@ -24,7 +24,12 @@ def test_eval_reports_expert_success_per_task_type(tmp_path: Path, panel_options
 
 def test_list_shows_the_alfworld_ids_with_sizes(capsys) -> None:
     assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    line = next(l for l in out.splitlines() if l.startswith("agentgym/ALFWorld-Heat-v0"))
-    assert "train (20), valid_seen (10), valid_unseen (10)" in line
-    assert "train (120)" in next(l for l in out.splitlines() if l.startswith("agentgym/ALFWorld-All-v0"))
+    lines = capsys.readouterr().out.splitlines()
+
+    def block(env_id: str) -> str:  # the id's row and the lines it wraps onto (splits, description)
+        start = next(i for i, l in enumerate(lines) if l.startswith(env_id + " "))
+        end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+        return " ".join(" ".join(l.split()) for l in lines[start:end])
+
+    assert "train (20), valid_seen (10), valid_unseen (10)" in block("agentgym/ALFWorld-Heat-v0")
+    assert "train (120)" in block("agentgym/ALFWorld-All-v0")

@@ -10,7 +10,11 @@ from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_e
 
 
 class GuessNumberEnv(TextEnv):
-    """Find a hidden number in [1, high]; each guess is answered "higher" or "lower"."""
+    """Find a hidden number in [1, high]; each guess is answered "higher" or "lower".
+
+    Args:
+        high: the largest number; task i hides i + 1, so the env holds `high` tasks.
+    """
 
     instructions = (
         "Find the hidden number. Think inside <think></think>, then guess inside "
@@ -74,14 +78,14 @@ def skill_notes(task_type):
 
 
 def register():
+    # As the README's example: no `description` (`list` shows the class docstring's first paragraph)
+    # and no `sizes` (`list` makes the env and reads its `num_tasks`).
     register_env(
         "example/GuessNumber-v0",
         "agentgym_example_plugin:GuessNumberEnv",
         family="Example",
         subset="guess",
         splits=("test",),
-        description="guess a hidden number (plug-in example)",
-        sizes=lambda split: 20,
         credit_defaults=CREDIT_DEFAULTS,
         skill_notes=skill_notes,
     )
