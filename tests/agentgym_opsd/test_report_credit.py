@@ -17,6 +17,8 @@ from agentgym_opsd.app.report import check_credit, load_run
 from agentgym_opsd.episode import save_episodes
 from agentgym_opsd.io import append_jsonl
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 ENV = "agentgym/ALFWorld-Pick-v0"
 # ALFWorld's defaults (docs/credit.md#configuration): StepOPSD lam_mix, alpha_clip; AgentOPSD b.
 LAM, ALPHA, B = 0.2, 0.2, 0.2

@@ -19,6 +19,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
 import socket

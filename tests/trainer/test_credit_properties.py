@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from trainer.credit import CreditBatch, CreditConfig, compute_advantages
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 ALL = ["grpo", "gigpo", "stepopsd", "agentopsd", "rlsd"]
 TEACHER = ["stepopsd", "agentopsd", "rlsd"]
 

@@ -23,6 +23,8 @@ from credit_reference import per_token, to_batch
 
 from trainer.credit import CreditConfig, compute_advantages
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 OFF = (False, -1.0, -1.0)
 
 

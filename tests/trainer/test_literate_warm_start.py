@@ -17,6 +17,8 @@ from trainer.policy import token_logprobs
 from trainer.teacher import block_causal_mask
 from trainer.warm_start import PerturbedExpert, privileged_examples
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 ENV = "example/GuessNumber-v0"
 
 

@@ -21,6 +21,8 @@ from trainer.policy import (
 )
 from trainer.sampling import HFPolicyAgent
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 
 def make_guess():
     return agentgym_opsd.make("example/GuessNumber-v0")
@@ -102,7 +104,9 @@ def test_token_logprobs_match_full_logits(tiny) -> None:
     assert token_logprobs(model, ids, mask, score).requires_grad
 
 
-def test_a_shared_prefix_runs_once_with_the_same_logprobs_and_gradients(tiny, expert_episodes) -> None:
+def test_a_shared_prefix_runs_once_with_the_same_logprobs_and_gradients(tiny, expert_episodes, grad_rel=1e-5) -> None:
+    """grad_rel: the gradients' tolerance against their scale (a norm weight's gradient sums every
+    position of every row: on the 30-layer real model the two summation orders differ by ~1e-5 of it)."""
     from trainer.rows import build_rows
 
     model, tok = tiny
@@ -131,7 +135,7 @@ def test_a_shared_prefix_runs_once_with_the_same_logprobs_and_gradients(tiny, ex
     # each gradient against its own scale: float32 sums in another order move small entries that sit
     # next to large ones by more than a per-element tolerance allows (ATEN_CPU_CAPABILITY=default)
     for (name, _), a, b in zip(model.named_parameters(), g0, g1, strict=True):
-        assert_close_to_scale(b, a, rel=1e-5, floor=1e-6, what=f"gradient of {name}")
+        assert_close_to_scale(b, a, rel=grad_rel, floor=1e-6, what=f"gradient of {name}")
     R, T = ids.shape
     # without sharing: one forward of every row whole; with: the prefix once, then the rows after it
     assert seen == [torch.Size([R, T]), torch.Size([1, C]), torch.Size([R, T - C])]

@@ -14,6 +14,8 @@ from agentgym_opsd.app.cli import main
 from agentgym_opsd.io import read_jsonl
 from trainer.local import LocalTrainer, TrainConfig, TrainError, clipped_pg_loss, micro_batches
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 
 class ParityEnv(TextEnv):
     """Two turns of free text; the episode succeeds when their actions' total length is even.

@@ -13,6 +13,8 @@ from test_local_train import config
 from trainer.local import LocalTrainer
 from trainer.teacher import build_teacher_sequences
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 
 @pytest.mark.parametrize("method", ["stepopsd", "agentopsd"])
 def test_the_example_plugin_trains_with_opsd_credit_and_its_own_skill_note(tmp_path: Path, method):

@@ -18,6 +18,8 @@ from trainer.policy import PolicyLoadError, end_of_turn_ids, load_hf_policy, loa
 from trainer.rows import build_rows
 from trainer.sampling import HFPolicyAgent
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 IM_START, IM_END = 1, 2  # SmolLM2's ChatML tokens
 
 
@@ -65,7 +67,8 @@ def test_fast_scoring_paths_equal_plain_forwards_on_the_llama_architecture(smoll
     teacher_checks.test_agentopsd_scoring_equals_a_plain_forward(tok, model)
     episodes = run_episodes(local_policy_checks.make_guess, ExpertAgent(), [EpisodeRequest(s) for s in range(2)],
                             progress=False)  # two episodes: a 135M backward is the costly part
-    local_policy_checks.test_a_shared_prefix_runs_once_with_the_same_logprobs_and_gradients((model, tok), episodes)
+    local_policy_checks.test_a_shared_prefix_runs_once_with_the_same_logprobs_and_gradients((model, tok), episodes,
+                                                                                            grad_rel=1e-4)
     model.zero_grad(set_to_none=True)
 
 

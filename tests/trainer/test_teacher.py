@@ -24,6 +24,8 @@ from trainer.teacher import (
     score_teacher,
 )
 
+pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
 ALFWORLD = "agentgym/ALFWorld-Heat-v0"
 
 
