@@ -164,8 +164,9 @@ def credit_pass(student, teacher, tokenizer, episodes, config, step: int = 0, *,
     For a benchmark or a report of credit without a training run (`benchmarks/credit_quality.py`).
     """
     from trainer.credit import compute_advantages
+    from trainer.forward import row_logprobs
     from trainer.rows import build_rows
-    from trainer.teacher import row_logprobs, score_teacher
+    from trainer.teacher import score_teacher
 
     rows = build_rows(list(episodes), tokenizer, span_mode=config.span_mode)
     lp_student = row_logprobs(student, rows, temperature=temperature)

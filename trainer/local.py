@@ -43,10 +43,10 @@ from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
 from trainer.checkpoint import CHECKPOINT, read_checkpoint, restore_rng_states, rng_states, write_checkpoint
 from trainer.config import RESUMABLE_CHANGES, TrainConfig, TrainError
+from trainer.forward import block_causal_mask, token_logprobs
 from trainer.loss import clipped_pg_loss, kl_k3, micro_batches
-from trainer.policy import TinyModelSpec, load_policy, parameter_count, token_logprobs
+from trainer.policy import TinyModelSpec, load_policy, parameter_count
 from trainer.sampling import HFPolicyAgent
-from trainer.teacher import block_causal_mask
 from trainer.warm_start import PerturbedExpert, SFTExample, sft_targets
 
 __all__ = ["TrainConfig", "LocalTrainer", "TrainError", "train", "sampling_consistency"]
@@ -293,7 +293,7 @@ class LocalTrainer:
     def logprobs(self, model, rows) -> torch.Tensor:
         """[R, T] log-probs of the generated tokens under `model` (0 elsewhere), no grad, at the
         rollout's temperature: the one scoring path the teacher uses too (`trainer.teacher`)."""
-        from trainer.teacher import row_logprobs
+        from trainer.forward import row_logprobs
 
         return row_logprobs(model, rows, micro_batch_tokens=self.config.micro_batch_tokens,
                             temperature=self._train_temperature())

@@ -12,9 +12,8 @@ from test_local_train import config
 
 from agentgym_opsd import EpisodeRequest, make, run_episodes
 from trainer.env_knowledge import credit_config, skill_text
+from trainer.forward import block_causal_mask, token_logprobs
 from trainer.local import LocalTrainer
-from trainer.policy import token_logprobs
-from trainer.teacher import block_causal_mask
 from trainer.warm_start import PerturbedExpert, privileged_examples
 
 ENV = "example/GuessNumber-v0"

@@ -9,14 +9,13 @@ from tolerances import assert_close_to_scale
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, ExpertAgent, run_episodes
 from agentgym_opsd.agents import AgentError, make_agent
+from trainer.forward import shared_prefix_length, token_logprobs
 from trainer.policy import (
     CHATML_TEMPLATE,
     TinyModelSpec,
     build_tiny_model,
     load_policy,
     parameter_count,
-    shared_prefix_length,
-    token_logprobs,
     train_tokenizer,
 )
 from trainer.sampling import HFPolicyAgent

@@ -13,6 +13,7 @@ from tolerances import assert_close_to_scale
 
 from trainer.credit import compute_advantages
 from trainer.env_knowledge import SKILLS_DIR, credit_config, skill_text
+from trainer.forward import row_logprobs
 from trainer.rows import build_rows, episode_messages, render_prompt
 from trainer.teacher import (
     SKILL_HEADER,
@@ -20,7 +21,6 @@ from trainer.teacher import (
     hindsight_block,
     peer_episodes,
     privileged_messages,
-    row_logprobs,
     score_teacher,
 )
 
