@@ -63,11 +63,11 @@ def block_causal_mask(segment: torch.Tensor, prefix: torch.Tensor, valid: torch.
     return attention.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
 
 
-def _attention_implementation(model) -> str:
+def attention_implementation(model) -> str:
     return str(getattr(model.config, "_attn_implementation", None) or "eager")
 
 
-def _model_io(model):
+def decoder_and_head(model):
     """(decoder, head) when the LM's logits are head(decoder(...).last_hidden_state), else (None, None)."""
     get_decoder, get_head = getattr(model, "get_decoder", None), getattr(model, "get_output_embeddings", None)
     if get_decoder is None or get_head is None or getattr(model.config, "final_logit_softcapping", None):
@@ -81,7 +81,7 @@ def _model_io(model):
     return decoder, head
 
 
-def _length_batches(items, length, budget: int) -> list[list]:
+def length_batches(items, length, budget: int) -> list[list]:
     """`items` longest first, in batches of at most `budget` padded tokens (count x the first's length)."""
     batches: list[list] = []
     for item in sorted(items, key=lambda x: -length(x)):
@@ -115,9 +115,9 @@ def score_sequences(
     """
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    decoder, head = _model_io(model)
+    decoder, head = decoder_and_head(model)
     out: list[torch.Tensor | None] = [None] * len(sequences)
-    batches = _length_batches(range(len(sequences)), lambda j: sequences[j].length, micro_batch_tokens)
+    batches = length_batches(range(len(sequences)), lambda j: sequences[j].length, micro_batch_tokens)
     forwards = 0
     label = progress if isinstance(progress, str) else "teacher"
     for batch in tqdm(batches, desc=label, unit="batch", disable=not progress, leave=False):
@@ -154,7 +154,7 @@ def score_sequences(
     return [x if x is not None else torch.zeros(0) for x in out], forwards
 
 
-def _cache_over(model, kv: list[tuple[torch.Tensor, torch.Tensor]]):
+def cache_over(model, kv: list[tuple[torch.Tensor, torch.Tensor]]):
     """A DynamicCache holding `kv` ([B, kv heads, C, head dim] per layer) as given: views (an
     expanded note, a slice of a prefix) are not copied here; the forward's own concatenation with
     the new keys is the one copy."""
@@ -203,21 +203,21 @@ _GROUPED_SDPA = "agentgym_opsd_sdpa_gqa"
 
 
 def _grouped_sdpa(model) -> bool:
-    return _attention_implementation(model) == "sdpa" and next(model.parameters()).device.type == "cpu"
+    return attention_implementation(model) == "sdpa" and next(model.parameters()).device.type == "cpu"
 
 
-def _masked_attention(model):
+def masked_attention(model):
     """The attention implementation for forwards with an additive 4-D mask: SDPA with grouped heads
     on the CPU when the model uses SDPA, else the model's own."""
     if not _grouped_sdpa(model):
         return nullcontext()
     _register_grouped_sdpa()
-    return _attention_implementation_set_to(model.config, _GROUPED_SDPA)
+    return _AttentionImplementationSetTo(model.config, _GROUPED_SDPA)
 
 
 @functools.cache
 def _register_grouped_sdpa() -> None:
-    """Once per process (the sampler enters `_masked_attention` on every decoding step)."""
+    """Once per process (the sampler enters `masked_attention` on every decoding step)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -227,7 +227,7 @@ def _register_grouped_sdpa() -> None:
     AttentionMaskInterface.register(_GROUPED_SDPA, sdpa_mask)
 
 
-class _attention_implementation_set_to:
+class _AttentionImplementationSetTo:
     """Sets `config._attn_implementation` for a block (the layers read it on every forward)."""
 
     def __init__(self, config, name: str):
@@ -241,7 +241,7 @@ class _attention_implementation_set_to:
         self.config._attn_implementation = self.saved
 
 
-def _forward_after_cache(model, decoder, kv, ids, positions, bias: torch.Tensor, *,
+def forward_after_cache(model, decoder, kv, ids, positions, bias: torch.Tensor, *,
                          read: tuple[int, int] | None = None) -> torch.Tensor:
     """Hidden states (or logits when the head cannot be split off) of `ids` [B, S] at `positions`,
     attending to the cached keys `kv` (length C; a list of (keys, values) per layer, or a cache, which
@@ -251,18 +251,18 @@ def _forward_after_cache(model, decoder, kv, ids, positions, bias: torch.Tensor,
     (`bias`'s last query row), with causality inside the segment their own. `read` = (a, b): only
     the outputs at positions a..b-1 are read (the others may be garbage; (0, 0) when the call is for
     the cache only), so the last layer's attention may skip the other queries."""
-    if _attention_implementation(model) in ("eager", "sdpa"):
+    if attention_implementation(model) in ("eager", "sdpa"):
         mask = bias.unsqueeze(1).to(ids.device)
     else:
         mask = (bias[:, -1] == 0).expand(ids.shape[0], -1).to(device=ids.device, dtype=torch.long)
-    cache = kv if not isinstance(kv, list) else _cache_over(model, kv)
+    cache = kv if not isinstance(kv, list) else cache_over(model, kv)
     inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
     last_layer = nullcontext()
     if read is not None and _grouped_sdpa(model):
         inputs["read_queries"] = (len(cache.layers) - 1, *read)
         if decoder is not None and 2 * (read[1] - read[0]) <= ids.shape[1]:  # worth it when most outputs go unread
-            last_layer = _last_layer_reads_only(decoder, *read)
-    with _masked_attention(model), last_layer:
+            last_layer = _LastLayerReadsOnly(decoder, *read)
+    with masked_attention(model), last_layer:
         if decoder is not None:
             return decoder(**inputs).last_hidden_state
         return model(**inputs).logits
@@ -282,7 +282,7 @@ class _OnPositions(torch.nn.Module):
         return out
 
 
-class _last_layer_reads_only:
+class _LastLayerReadsOnly:
     """In the decoder's last layer, everything after the keys and values (the query projection, the
     attention output projection, the post-attention norm and the MLP) runs only at the positions
     a..b-1 whose outputs are read: the other positions' hidden states leave the model as garbage,
@@ -315,7 +315,7 @@ class _last_layer_reads_only:
             setattr(owner, name, module)
 
 
-def _prefix_then_causal(S: int, C: int, dtype: torch.dtype) -> torch.Tensor:
+def prefix_then_causal(S: int, C: int, dtype: torch.dtype) -> torch.Tensor:
     """[1, S, C + S] additive mask: every query sees the C cached keys, and itself causally."""
     bias = torch.zeros((1, S, C + S), dtype=dtype)
     bias[0, :, C:].masked_fill_(torch.ones((S, S), dtype=torch.bool).triu_(1), torch.finfo(dtype).min)
@@ -355,7 +355,7 @@ def score_sequences_with_shared_prefix(
     Returns (log-probs [M] per sequence, counters: forwards, tokens, sequences).
     """
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    decoder, head = _model_io(model)
+    decoder, head = decoder_and_head(model)
     runner = decoder if decoder is not None else model
     out: list[torch.Tensor] = [torch.zeros(0) for _ in sequences]
     counters = {"forwards": 0, "tokens": 0, "sequences": len(sequences)}
@@ -379,7 +379,7 @@ def score_sequences_with_shared_prefix(
             del prefix
             counters["forwards"] += 1
             counters["tokens"] += C
-        for batch in _length_batches(members, lambda j: sequences[j].length, micro_batch_tokens):
+        for batch in length_batches(members, lambda j: sequences[j].length, micro_batch_tokens):
             n, S = len(batch), sequences[batch[0]].length - C
             ids = torch.full((n, S), int(pad_token_id), dtype=torch.long)
             predict, targets = [], []
@@ -393,8 +393,8 @@ def score_sequences_with_shared_prefix(
                 # Every suffix sees the whole shared prefix and itself causally (right padding: no
                 # real token sees a pad); the prefix's keys are one copy expanded over the batch.
                 kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in layers]
-                states = _forward_after_cache(model, decoder, kv, ids.to(device), positions.to(device),
-                                              _prefix_then_causal(S, C, dtype))
+                states = forward_after_cache(model, decoder, kv, ids.to(device), positions.to(device),
+                                              prefix_then_causal(S, C, dtype))
             else:
                 inputs = dict(input_ids=ids.to(device), position_ids=positions.to(device), use_cache=False)
                 states = decoder(**inputs).last_hidden_state if decoder is not None else model(**inputs).logits
@@ -514,7 +514,7 @@ def _logprobs_after_shared_prefix(model, input_ids, score_mask, C: int, *, tempe
     row's attention to them adds up in the one prefix), and the rows' remaining tokens run at
     positions C.. attending to the prefix and causally to themselves. A real token never sees a pad
     (right padding), so one [1, S, C + S] mask serves every row."""
-    decoder, head = _model_io(model)
+    decoder, head = decoder_and_head(model)
     runner = decoder if decoder is not None else model
     R, T = input_ids.shape
     S = T - C
@@ -523,7 +523,7 @@ def _logprobs_after_shared_prefix(model, input_ids, score_mask, C: int, *, tempe
     del prefix
     positions = torch.arange(C, T, device=input_ids.device).expand(R, S)
     dtype = next(model.parameters()).dtype
-    states = _forward_after_cache(model, decoder, kv, input_ids[:, C:], positions, _prefix_then_causal(S, C, dtype))
+    states = forward_after_cache(model, decoder, kv, input_ids[:, C:], positions, prefix_then_causal(S, C, dtype))
     rows, cols = torch.nonzero(score_mask[:, 1:], as_tuple=True)  # predicting token cols+1 from position cols >= C
     return _scatter_logprobs(head, states[rows, cols - C], input_ids, rows, cols, temperature=temperature, chunk=chunk,
                              with_entropy=with_entropy)

@@ -384,9 +384,9 @@ class HFPolicyAgent:
         kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
         if cache is not None:
             kwargs["past_key_values"] = cache
-        from trainer.forward import _masked_attention  # SDPA with grouped key/value heads on the CPU
+        from trainer.forward import masked_attention  # SDPA with grouped key/value heads on the CPU
 
-        with _masked_attention(self.model):
+        with masked_attention(self.model):
             if prefill:  # logits of the last position only
                 try:
                     return self.model(**kwargs, logits_to_keep=1)

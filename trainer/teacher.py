@@ -67,13 +67,13 @@ from trainer.credit.config import CreditConfig
 from trainer.env_knowledge import skill_text
 from trainer.forward import (
     TeacherSequence,
-    _attention_implementation,
-    _cache_over,
-    _forward_after_cache,
-    _length_batches,
-    _model_io,
-    _prefix_then_causal,
     _target_logprobs,
+    attention_implementation,
+    cache_over,
+    decoder_and_head,
+    forward_after_cache,
+    length_batches,
+    prefix_then_causal,
     score_sequences,
     score_sequences_with_shared_prefix,
 )
@@ -421,7 +421,7 @@ def score_inserts_with_prefix_cache(
     Returns (logprobs [R, T], scored [R, T], counters: forwards, tokens).
     """
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    decoder, head = _model_io(model)
+    decoder, head = decoder_and_head(model)
     runner = decoder if decoder is not None else model
     pad = int(rows.pad_token_id)
     logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
@@ -429,7 +429,7 @@ def score_inserts_with_prefix_cache(
     counters = {"forwards": 0, "tokens": 0, "sequences": 0}
     prefix_len = {r: max(s for s, _, _ in ins) for r, ins in inserts.items()}
     # rows of similar prefix length together, within the token budget
-    batches = _length_batches(inserts, lambda r: prefix_len[r], micro_batch_tokens)
+    batches = length_batches(inserts, lambda r: prefix_len[r], micro_batch_tokens)
     order = [r for batch in batches for r in batch]
     # The rows' common token prefix (the system prompt, ...), up to the first insertion point of any
     # row, runs once; every row's prefix continues from its keys and values.
@@ -464,9 +464,9 @@ def score_inserts_with_prefix_cache(
         else:
             n, S = ids.shape
             kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in shared_kv]
-            cache = _cache_over(model, kv)
-            _forward_after_cache(model, decoder, cache, ids.to(device), torch.arange(shared, P).expand(n, S).to(device),
-                                 _prefix_then_causal(S, shared, dtype), read=(0, 0))
+            cache = cache_over(model, kv)
+            forward_after_cache(model, decoder, cache, ids.to(device), torch.arange(shared, P).expand(n, S).to(device),
+                                 prefix_then_causal(S, shared, dtype), read=(0, 0))
             layers = [(layer.keys, layer.values) for layer in cache.layers]  # [n, kv heads, P, head dim]
         counters["forwards"] += 1
         counters["tokens"] += sum(prefix_len[r] - shared for r in batch)
@@ -489,7 +489,7 @@ def score_inserts_with_prefix_cache(
             seg_ids = torch.full((n, S), pad, dtype=torch.long)
             positions = torch.empty((n, S), dtype=torch.long)
             bias = torch.full((n, S, C + S), torch.finfo(dtype).min, dtype=dtype)
-            causal = _prefix_then_causal(S, 0, dtype)[0]
+            causal = prefix_then_causal(S, 0, dtype)[0]
             where = torch.tensor([segments[j][1] for j in g])
             predict, targets = [], []
             for i, j in enumerate(g):
@@ -505,7 +505,7 @@ def score_inserts_with_prefix_cache(
                   for k, v in layers]
             # Only the span's predictions are read: from the last block token to the span's last but one.
             read = (min(len(segments[j][3]) for j in g) - 1, max(lengths[j] for j in g) - 1)
-            states = _forward_after_cache(model, decoder, kv, seg_ids.to(device), positions.to(device), bias, read=read)
+            states = forward_after_cache(model, decoder, kv, seg_ids.to(device), positions.to(device), bias, read=read)
             counters["forwards"] += 1
             counters["sequences"] += n
             counters["tokens"] += sum(lengths[j] for j in g)
@@ -559,8 +559,8 @@ def score_teacher(
     strategy = "prefix" if strategy == "auto" else strategy
     if strategy not in STRATEGIES:
         raise ValueError(f"teacher strategy {strategy!r}: use auto, {', '.join(STRATEGIES)}")
-    if strategy == "packed" and _attention_implementation(model) not in ("eager", "sdpa"):
-        raise ValueError(f"the packed strategy needs custom attention masks; {_attention_implementation(model)} has none")
+    if strategy == "packed" and attention_implementation(model) not in ("eager", "sdpa"):
+        raise ValueError(f"the packed strategy needs custom attention masks; {attention_implementation(model)} has none")
     limit = _max_length(model, config, max_length)
     was_training = model.training
     model.eval()
