@@ -9,12 +9,6 @@
   the fly with the `tokenizers` library on text from the env (`corpus`), with a ChatML template: a
   vocabulary of a few thousand tokens keeps a CPU run fast.
 
-`token_logprobs` is the one place the trainer turns rows of tokens into log-probs: it runs the
-decoder once and applies the output head only at the positions asked for (a [rows, tokens, vocab]
-logits tensor would not fit for long episodes and large vocabularies). With `share_prefix`, the
-tokens every row starts with (an env's instructions and its first words: often most of a short
-row) run once for the batch, with gradients, and the rows continue from their keys and values.
-
 Devices: CPU by default; CUDA in bf16 when a GPU is present (`device="auto"`).
 """
 
@@ -74,8 +68,8 @@ def pin_cpu_threads(model, threads: int | None = None) -> int:
 
     Args:
         threads: a count; 0 leaves torch's setting as it is; None (auto): 1 for a model under
-            `TINY_MODEL_PARAMETERS` (the trainer's tiny models: on a busy 2-core machine one thread
-            was 2-3x faster than torch's default), torch's setting otherwise.
+            `TINY_MODEL_PARAMETERS` (the trainer's tiny models: one thread is faster than torch's
+            default there, docs/trainer-performance.md), torch's setting otherwise.
     """
     import torch
 

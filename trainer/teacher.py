@@ -26,24 +26,14 @@ message of the student prompt (the system message):
 The rest of the row (every response, observation and template token) is unchanged, so one forward
 per row scores every turn. Skill notes: `trainer.env_knowledge.skill_text` (the env family's own).
 
-Cost (N = rows, T = row length, P = privileged prefix tokens, K = turns per row, H = hindsight block
-tokens, L_k = span tokens of turn k, s_k = its start, Q = the rows' common token prefix):
-    AgentOPSD, `prefix` (the default): the rows that start with the same skill note share the longest
-        common prefix of their teacher sequences (the note, the chat template, the shared system
-        prompt: P + Q tokens); it runs once per note and its keys and values are expanded over the
-        rows, which run only their own tokens: P + Q + sum (T - Q) tokens.
-    AgentOPSD, `per-turn` / `packed`: one sequence per row: sum (T + P) tokens.
-    StepOPSD, `prefix` (the default): the rows' common prefix runs once, then each row's prefix up
-        to its last insertion point continues from it with a key/value cache; then the segments
-        (hindsight block + span) of every turn of a micro-batch of rows run in batches (grouped by
-        block length and s_k), segment k reading its row's cached keys at positions < s_k and itself
-        causally, with positions continuing from s_k. Q + sum (T - Q) + sum_k (H + L_k) tokens through
-        the MLPs, and each segment token attends to at most max s_k (of its batch) + H + L_k keys.
-    StepOPSD, `packed`: the same tokens in ONE sequence per row (prefix, then the segments) with a
-        block-causal 4-D mask: the same tokens, but attention over the whole packed length.
-    StepOPSD, `per-turn`: one sequence per (row, turn): sum_k (s_k + H + L_k) ~ K T / 2 tokens; what
-        the OpenRLHF bridge does (its actor forward takes no custom mask or cache). Window rows (one
-        turn each) cost the same either way. `benchmarks/teacher_speed.py` times the three.
+How a row's turns are scored (`score_teacher`'s `strategy`, the same log-probs each way): `prefix`
+(the default) runs what rows share once and reuses its keys and values: StepOPSD's rows' common start,
+then each row's prefix once for every turn's block and span (`score_inserts_with_prefix_cache`);
+AgentOPSD's skill note with the prompt the rows share, once per note
+(`trainer.forward.score_sequences_with_shared_prefix`). `packed`: a row's turns in one sequence under
+a block-causal 4-D mask. `per-turn`: one sequence per turn, what the OpenRLHF bridge does (its actor
+forward takes no custom mask or cache). What each costs: docs/trainer-performance.md.
+
 Truncation is never silent. A StepOPSD turn whose context does not fit is first scored without the
 peer trajectory (`peer_dropped`), then left unscored (`truncated`); an AgentOPSD row that does not
 fit has its tail unscored (`truncated`, `truncated_tokens`); the skill note is never cut. Unscored
@@ -67,12 +57,12 @@ from trainer.credit.config import CreditConfig
 from trainer.env_knowledge import skill_text
 from trainer.forward import (
     TeacherSequence,
-    _target_logprobs,
     attention_implementation,
     cache_over,
     decoder_and_head,
     forward_after_cache,
     length_batches,
+    picked_logprobs,
     prefix_then_causal,
     score_sequences,
     score_sequences_with_shared_prefix,
@@ -509,8 +499,8 @@ def score_inserts_with_prefix_cache(
             counters["forwards"] += 1
             counters["sequences"] += n
             counters["tokens"] += sum(lengths[j] for j in g)
-            lp = _target_logprobs(head, states.reshape(n * S, -1)[torch.cat(predict).to(device)], torch.cat(targets),
-                                  temperature)
+            lp = picked_logprobs(head, states.reshape(n * S, -1)[torch.cat(predict).to(device)], torch.cat(targets),
+                                 temperature=temperature).cpu()
             at = 0
             for j in g:
                 _, _, r, _, pos = segments[j]

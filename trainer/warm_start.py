@@ -71,7 +71,7 @@ class SFTExample:
     """One warm-start sequence and the tokens it imitates.
 
     ids: [S] token ids. target: [S] bool, the tokens whose cross-entropy counts.
-    Packed examples (the teacher's `packed` layout, `trainer.teacher.TeacherSequence`) also have
+    Packed examples (the teacher's `packed` layout, `trainer.forward.TeacherSequence`) also have
     positions [S] (position ids), segment [S] (0: the conversation; k > 0: the k-th inserted block
     and target) and prefix [S] (a segment token also attends to conversation tokens at sequence
     positions < prefix); plain ones leave them None (one causal sequence).
