@@ -12,7 +12,8 @@ import trainer.credit as credit_core
 from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
 from agentgym_opsd.app.cli import main
 from agentgym_opsd.io import read_jsonl
-from trainer.local import LocalTrainer, TrainConfig, TrainError, clipped_pg_loss, micro_batches
+from trainer.local import LocalTrainer, TrainConfig, TrainError
+from trainer.loss import clipped_pg_loss, micro_batches
 
 
 class ParityEnv(TextEnv):
@@ -265,7 +266,7 @@ def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp
             assert rows.input_ids[r, :start].tolist() == conditioned_on
             assert rows.input_ids[r, positions].tolist() == sampled
             assert positions.tolist() == list(range(start, start + len(sampled)))
-            content = sampled[:-1] if sampled[-1] in run._rollout_agent.stop_ids else sampled
+            content = sampled[:-1] if sampled[-1] in run.rollout_agent.stop_ids else sampled
             retokenized_same += tok(episode.turns[k].response, add_special_tokens=False)["input_ids"] == content
             checked += 1
     assert checked == sum(e.num_turns for e in episodes) == 16
