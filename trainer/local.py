@@ -168,6 +168,13 @@ class LocalTrainer:
         twin.requires_grad_(False)
         return twin
 
+    @property
+    def credit(self):
+        """The run's `CreditConfig` (the method, the env family's defaults and `--credit` overrides)."""
+        if getattr(self, "_credit", None) is None:
+            self._credit = self.config.credit_config()
+        return self._credit
+
     def make_env(self):
         return agentgym_opsd.make(self.config.env_id, **self.config.env_options)
 
@@ -352,12 +359,6 @@ class LocalTrainer:
     def teacher(self):
         """The model that scores with privileged context: the live policy or the snapshot."""
         return self.model if self.teacher_model is None else self.teacher_model
-
-    @property
-    def credit(self):
-        if getattr(self, "_credit", None) is None:
-            self._credit = self.config.credit_config()
-        return self._credit
 
     def teacher_scores(self, episodes, rows, *, strategy: str = "auto"):
         """The teacher's log-probs with privileged context (`trainer.teacher.score_teacher`), or None
