@@ -360,7 +360,6 @@ class WorkerEnv(EnvHandle):
         self._pending: str | None = None  # the command awaiting its answer
         self._sent_at = 0.0
         self._broken: str | None = None  # why the worker is unusable until restarted
-        self.restarts = 0
         self._proxy = RemoteEnvProxy(self)
         self._spawn()
 
@@ -410,7 +409,6 @@ class WorkerEnv(EnvHandle):
 
     def restart(self) -> None:
         self._kill()
-        self.restarts += 1
         self._spawn()
         self.wait_started()
 

@@ -187,7 +187,7 @@ def update_credit_records(episodes, rows, parts, *, method: str, update: int | N
     AgentOPSD's B_k, dB_k and w_k, StepOPSD's scored tokens ([text, w_t, delta_t]) and their span.
     """
     records = []
-    generated = rows.turn_id >= 0
+    generated = rows.generated_mask()
     for e, episode in enumerate(episodes):
         K = episode.num_turns
         turn_adv: list[float | None] = [None] * K

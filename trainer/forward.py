@@ -243,14 +243,14 @@ def row_logprobs(
 ) -> torch.Tensor:
     """The model's log-probs of the rows' own tokens ([R, T] float32, 0 outside `mask`; no grad).
 
-    `mask` defaults to the generated tokens (turn_id >= 0): the student's lp_S (old log-probs) for
+    `mask` defaults to the generated tokens (`rows.generated_mask()`): the student's lp_S (old log-probs) for
     the credit core and the update. The same scoring function as the teacher's prefix strategy
     (`score_sequences_with_shared_prefix`, the prefix every row starts with run once), at the same
     temperature.
     """
     device = rows.input_ids.device
     rows = rows.to("cpu")
-    mask = rows.turn_id >= 0 if mask is None else mask.to("cpu")
+    mask = rows.generated_mask() if mask is None else mask.to("cpu")
     sequences = []
     for r in range(rows.num_rows):
         L = int(rows.length[r])

@@ -91,7 +91,6 @@ class LocalTrainer:
         self.rng = np.random.default_rng(config.seed)
         self.rollout_agent: HFPolicyAgent | None = None  # made by the first rollout (or a resume)
         self._writer = None
-        self._last_eval: dict[str, Any] | None = None
 
     # -- set-up: the policy, its optimizer, the teacher snapshot and KL reference ------------
 
@@ -431,7 +430,6 @@ class LocalTrainer:
         }
         self.log(record)
         self.evaluated_steps.add(self.step)
-        self._last_eval = summary
         if self.progress:
             tqdm.write(format_table(summary))
         return record

@@ -71,7 +71,7 @@ def row_batch(rows, index: list[int], device) -> dict[str, torch.Tensor]:
     return {
         "input_ids": rows.input_ids[idx, :width].to(device),
         "attention_mask": rows.attention_mask[idx, :width].to(device),
-        "generated": (rows.turn_id[idx, :width] >= 0).to(device),
+        "generated": rows.generated_mask()[idx, :width].to(device),
     }
 
 
@@ -84,7 +84,7 @@ def ppo_update(model, optimizer, rows, old_logp: torch.Tensor, advantages: torch
     mini-batch). The first mini-batch of the first pass is on-policy (ratio 1); later ones are
     off-policy by the steps before them, which the ratio clip bounds. Returns the update's metrics."""
     cfg = config
-    mask_all = rows.turn_id >= 0
+    mask_all = rows.generated_mask()
     if int(mask_all.sum()) == 0:
         return {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "ratio_mean": 1.0,
                 "entropy": 0.0, "optimizer_steps": 0, "update/tokens": 0, "update/tokens_per_s": 0.0}

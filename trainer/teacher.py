@@ -190,6 +190,7 @@ def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
     kwargs = rows.meta.get("chat_template_kwargs", {})
     seqs = []
     skill_cache: dict[tuple[str, str], str] = {}
+    scored = rows.span & rows.generated_mask()
     for r in range(rows.num_rows):
         if not bool(rows.span[r].any()):  # nothing to score (e.g. an errored episode's placeholder row)
             continue
@@ -208,7 +209,7 @@ def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
         teacher_prompt = _encode(tokenizer, render_prompt(tokenizer, privileged_messages(messages, skill_cache[key]), **kwargs))
         shift = len(teacher_prompt) - P
         ids = torch.tensor(teacher_prompt + rows.input_ids[r, P:L].tolist(), dtype=torch.long)
-        row_pos = (rows.span[r, :L] & (rows.turn_id[r, :L] >= 0)).nonzero().squeeze(1)
+        row_pos = scored[r, :L].nonzero().squeeze(1)
         row_pos = row_pos[row_pos >= max(P, 1)]
         if ids.numel() > max_length:
             keep = row_pos + shift < max_length
@@ -232,10 +233,11 @@ def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
     return seqs
 
 
-def _turn_spans(rows: TokenRows, r: int) -> list[tuple[int, torch.Tensor]]:
-    """[(turn, row positions of its scored span)] for row r, in turn order."""
+def _turn_spans(rows: TokenRows, r: int, scored: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """[(turn, row positions of its scored span)] for row r, in turn order; `scored`: the rows' span
+    on generated tokens ([R, T])."""
     L = int(rows.length[r])
-    span = rows.span[r, :L] & (rows.turn_id[r, :L] >= 0)
+    span = scored[r, :L]
     out = []
     for k in rows.turn_id[r, :L][span].unique().tolist():
         pos = (span & (rows.turn_id[r, :L] == k)).nonzero().squeeze(1)
@@ -254,6 +256,7 @@ def stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) ->
     peers = peer_episodes(episodes, rows) if config.hindsight_peer else {}
     blocks: dict[int, tuple[list[int], list[int] | None]] = {}  # episode -> (full block, block without peer)
     out: dict[int, list[Insert]] = {}
+    scored = rows.span & rows.generated_mask()
     for r in range(rows.num_rows):
         i = int(rows.row_episode[r])
         episode = episodes[i]
@@ -265,7 +268,7 @@ def stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) ->
             blocks[i] = (_encode(tokenizer, text), short)
         full_block, short_block = blocks[i]
         inserts = []
-        for _, pos in _turn_spans(rows, r):
+        for _, pos in _turn_spans(rows, r, scored):
             s, e = int(pos[0]), int(pos[-1])
             block = full_block
             if s + len(block) + (e - s + 1) > max_length:

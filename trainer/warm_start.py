@@ -154,7 +154,7 @@ def sft_targets(rows, episodes, detours: set[tuple[str, int]]) -> tuple[torch.Te
             detour[i, k] = (e.episode_id, k) in detours
     is_detour = detour[rows.row_episode[:, None], rows.turn_id.clamp(min=0)]
     detour_turns = int(detour.sum())
-    return (rows.turn_id >= 0) & ~is_detour, detour_turns
+    return rows.generated_mask() & ~is_detour, detour_turns
 
 
 def privileged_examples(

@@ -24,7 +24,7 @@ One update, end to end (trainer/rows.py, trainer/forward.py and trainer/teacher.
         batch = rows.credit_batch(lp_S)
     advantages, diagnostics = compute_advantages(batch, config, step)   # [R, T] float32, dict
 
-Then a clipped policy-gradient loss over the tokens with `rows.turn_id >= 0` (ratio clip 0.2,
+Then a clipped policy-gradient loss over the tokens of `rows.generated_mask()` (ratio clip 0.2,
 token-mean). Compute advantages on the whole batch (groups must be complete: GRPO normalizes within
 them) and slice rows into micro-batches afterwards. A `CreditBatch` can also be built by hand from
 the same fields (see its docstring): that is what the OpenRLHF bridge does.
