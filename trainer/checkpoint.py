@@ -23,13 +23,13 @@ from trainer.policy import load_policy
 
 __all__ = [
     "CHECKPOINT",
-    "write_checkpoint",
-    "read_checkpoint",
-    "rng_states",
-    "restore_rng_states",
-    "save_checkpoint",
     "load_checkpoint",
+    "read_checkpoint",
+    "restore_rng_states",
+    "rng_states",
+    "save_checkpoint",
     "truncate_logs",
+    "write_checkpoint",
 ]
 
 CHECKPOINT = "checkpoint.pt"

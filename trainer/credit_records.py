@@ -206,7 +206,8 @@ def update_credit_records(episodes, rows, parts, *, method: str, update: int | N
                         pieces = [tokenizer.decode([int(rows.input_ids[r, p])]) for p in positions]
                         tokens[k] = [(text, float(parts.token_weight[r, p]), float(parts.delta[r, p]))
                                      for text, p in zip(pieces, positions, strict=True)]
-                        spans[k] = _span_of(episode.turns[k].response, "".join(pieces), episode.turns[k].step.action_span)
+                        turn = episode.turns[k]
+                        spans[k] = _span_of(turn.response, "".join(pieces), turn.step.action_span)
 
         def column(table: Any, shift: int = 0, e: int = e, K: int = K) -> list[float | None] | None:
             if table is None:

@@ -165,8 +165,8 @@ def token_logprobs(
     rows, cols = torch.nonzero(score_mask[:, 1:], as_tuple=True)  # predicting token cols+1 from position cols
     decoder, head = decoder_and_head(model)
     if decoder is not None:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-        picked = hidden[rows, cols]
+        states = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        picked = states.last_hidden_state[rows, cols]
     else:  # a model without a separable head: full logits
         picked = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[rows, cols]
     return _scattered_logprobs(head, picked, input_ids, rows, cols, temperature=temperature, chunk=chunk,
@@ -221,7 +221,8 @@ def _logprobs_after_shared_prefix(model, input_ids, score_mask, C: int, *, tempe
     R, T = input_ids.shape
     S = T - C
     prefix = runner(input_ids=input_ids[:1, :C], use_cache=True)
-    kv = [(layer.keys.expand(R, -1, -1, -1), layer.values.expand(R, -1, -1, -1)) for layer in prefix.past_key_values.layers]
+    kv = [(layer.keys.expand(R, -1, -1, -1), layer.values.expand(R, -1, -1, -1))
+          for layer in prefix.past_key_values.layers]
     del prefix
     positions = torch.arange(C, T, device=input_ids.device).expand(R, S)
     dtype = next(model.parameters()).dtype
@@ -488,7 +489,8 @@ def forward_after_cache(model, decoder, kv, ids, positions, bias: torch.Tensor, 
     else:
         mask = (bias[:, -1] == 0).expand(ids.shape[0], -1).to(device=ids.device, dtype=torch.long)
     cache = kv if not isinstance(kv, list) else cache_over(model, kv)
-    inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "past_key_values": cache, "use_cache": True}
+    inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "past_key_values": cache,
+              "use_cache": True}
     last_layer = nullcontext()
     if read is not None and _grouped_sdpa(model):
         inputs["read_queries"] = (len(cache.layers) - 1, *read)

@@ -48,7 +48,7 @@ from trainer.policy import TinyModelSpec, load_policy, parameter_count
 from trainer.sampling import HFPolicyAgent
 from trainer.warm_start import expert_episodes, sft
 
-__all__ = ["TrainConfig", "LocalTrainer", "TrainError", "train", "sampling_consistency"]
+__all__ = ["LocalTrainer", "TrainConfig", "TrainError", "sampling_consistency", "train"]
 
 
 def sampling_consistency(rows, old_logp: torch.Tensor) -> dict[str, float]:
@@ -241,8 +241,9 @@ class LocalTrainer:
         if self.config.credit_records:  # what this update gives each turn, for the report (trainer.credit_records)
             from trainer.credit_records import update_credit_records
 
-            append_jsonl(self.out / "credit.jsonl", update_credit_records(
-                played, rows, self.last_credit, method=self.config.method, update=self.step + 1, tokenizer=self.tokenizer))
+            records = update_credit_records(played, rows, self.last_credit, method=self.config.method,
+                                            update=self.step + 1, tokenizer=self.tokenizer)
+            append_jsonl(self.out / "credit.jsonl", records)
         scoring_seconds = time.perf_counter() - t0
         ref_logp = self.logprobs(self.reference_model, rows) if self.reference_model is not None else None
 
@@ -311,8 +312,8 @@ class LocalTrainer:
         samples, which the token rows are laid out from."""
         return HFPolicyAgent(
             self.model, self.tokenizer, max_new_tokens=self.config.max_new_tokens, temperature=temperature,
-            seed=self.config.seed if seed is None else seed, chat_template_kwargs=dict(self.config.chat_template_kwargs),
-            name=name,
+            seed=self.config.seed if seed is None else seed,
+            chat_template_kwargs=dict(self.config.chat_template_kwargs), name=name,
         )
 
     def new_rollout_agent(self) -> HFPolicyAgent:
@@ -396,7 +397,8 @@ class LocalTrainer:
             return cfg.lr * max(0.0, cfg.steps - update + 1) / cfg.steps
         return cfg.lr
 
-    def update(self, rows, old_logp: torch.Tensor, advantages: torch.Tensor, ref_logp: torch.Tensor | None) -> dict[str, float]:
+    def update(self, rows, old_logp: torch.Tensor, advantages: torch.Tensor,
+               ref_logp: torch.Tensor | None) -> dict[str, float]:
         """The clipped policy-gradient update on this batch (`trainer.loss.ppo_update`): `ppo_epochs`
         passes, each `mini_batches` optimizer steps, at this update's learning rate."""
         return ppo_update(self.model, self.optimizer, rows, old_logp, advantages, ref_logp, config=self.config,

@@ -16,7 +16,7 @@ import torch
 
 from trainer.forward import token_logprobs
 
-__all__ = ["micro_batches", "clipped_pg_loss", "kl_k3", "row_batch", "ppo_update"]
+__all__ = ["clipped_pg_loss", "kl_k3", "micro_batches", "ppo_update", "row_batch"]
 
 
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

@@ -23,21 +23,21 @@ from typing import Any
 import torch
 
 __all__ = [
-    "DEFAULT_QWEN3_TOKENIZER",
     "CHATML_TEMPLATE",
-    "TinyModelSpec",
+    "DEFAULT_QWEN3_TOKENIZER",
+    "TINY_MODEL_PARAMETERS",
     "PolicyLoadError",
+    "TinyModelSpec",
+    "build_tiny_model",
+    "end_of_turn_ids",
+    "load_hf_policy",
+    "load_policy",
+    "load_tokenizer",
+    "parameter_count",
+    "pin_cpu_threads",
     "resolve_device",
     "resolve_dtype",
     "train_tokenizer",
-    "load_tokenizer",
-    "build_tiny_model",
-    "load_policy",
-    "end_of_turn_ids",
-    "parameter_count",
-    "load_hf_policy",
-    "pin_cpu_threads",
-    "TINY_MODEL_PARAMETERS",
 ]
 
 # The shared data folder beside the repository (a checkout's `../shared`), whatever the working folder.

@@ -234,7 +234,8 @@ class HFPolicyAgent:
         return result
 
     def _decode(
-        self, prompts: Sequence[Sequence[int]], keys: list[str | None], limits: list[int], closers: list[tuple[str, ...]]
+        self, prompts: Sequence[Sequence[int]], keys: list[str | None], limits: list[int],
+        closers: list[tuple[str, ...]],
     ) -> list[tuple[list[int], list[float], str]]:
         """One batched decoding loop with a KV cache. Row i stops at a stop id, at a text of
         `closers[i]` (the token that completes it is kept), or after `limits[i]` tokens.

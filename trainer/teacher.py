@@ -70,12 +70,12 @@ from trainer.forward import (
 from trainer.rows import TokenRows
 
 __all__ = [
-    "TeacherScores",
     "SKILL_HEADER",
-    "privileged_messages",
-    "peer_episodes",
-    "hindsight_block",
+    "TeacherScores",
     "build_teacher_sequences",
+    "hindsight_block",
+    "peer_episodes",
+    "privileged_messages",
     "score_teacher",
 ]
 
@@ -206,7 +206,8 @@ def agentopsd_sequences(tokenizer, episodes, rows, config, max_length, counters)
                 f"row {r}: the prompt re-rendered from episode {episode.episode_id!r} does not match the row's "
                 "first tokens; build the rows and score the teacher with the same tokenizer and episodes"
             )
-        teacher_prompt = _encode(tokenizer, render_prompt(tokenizer, privileged_messages(messages, skill_cache[key]), **kwargs))
+        teacher_messages = privileged_messages(messages, skill_cache[key])
+        teacher_prompt = _encode(tokenizer, render_prompt(tokenizer, teacher_messages, **kwargs))
         shift = len(teacher_prompt) - P
         ids = torch.tensor(teacher_prompt + rows.input_ids[r, P:L].tolist(), dtype=torch.long)
         row_pos = scored[r, :L].nonzero().squeeze(1)
@@ -488,7 +489,8 @@ def score_inserts_with_prefix_cache(
             for i, j in enumerate(g):
                 s, _, r, block, pos = segments[j]
                 e = int(pos[-1])
-                seg_ids[i, : lengths[j]] = torch.cat([torch.tensor(block, dtype=torch.long), rows.input_ids[r, s : e + 1]])
+                block_ids = torch.tensor(block, dtype=torch.long)
+                seg_ids[i, : lengths[j]] = torch.cat([block_ids, rows.input_ids[r, s : e + 1]])
                 positions[i] = torch.arange(s, s + S)
                 bias[i, :, :s] = 0                  # the row's prefix before this turn's span
                 bias[i, :, C:] = causal             # the segment itself, causally (pads see only earlier tokens)
@@ -553,7 +555,9 @@ def score_teacher(
     if strategy not in STRATEGIES:
         raise ValueError(f"teacher strategy {strategy!r}: use auto, {', '.join(STRATEGIES)}")
     if strategy == "packed" and attention_implementation(model) not in ("eager", "sdpa"):
-        raise ValueError(f"the packed strategy needs custom attention masks; {attention_implementation(model)} has none")
+        raise ValueError(
+            f"the packed strategy needs custom attention masks; {attention_implementation(model)} has none"
+        )
     limit = _max_length(model, config, max_length)
     was_training = model.training
     model.eval()

@@ -40,15 +40,15 @@ from trainer.forward import block_causal_mask, token_logprobs
 from trainer.loss import micro_batches
 
 __all__ = [
+    "PRIVILEGED_CONTEXTS",
     "PerturbedExpert",
     "SFTExample",
-    "sft_targets",
-    "privileged_examples",
-    "PRIVILEGED_CONTEXTS",
     "expert_episodes",
-    "sft",
+    "privileged_examples",
     "privileged_sft_examples",
+    "sft",
     "sft_epoch",
+    "sft_targets",
 ]
 
 PRIVILEGED_CONTEXTS = ("both", "hindsight", "skills")
@@ -133,7 +133,8 @@ def packed_example(conversation: torch.Tensor, inserts: list[tuple[int, torch.Te
     position s and sits at positions s, s + 1, ...."""
     end = max(s for s, _, _ in inserts)
     ids, target = [conversation[:end]], [torch.zeros(end, dtype=torch.bool)]
-    positions, segment, prefix = [torch.arange(end)], [torch.zeros(end, dtype=torch.long)], [torch.zeros(end, dtype=torch.long)]
+    positions = [torch.arange(end)]
+    segment, prefix = [torch.zeros(end, dtype=torch.long)], [torch.zeros(end, dtype=torch.long)]
     for k, (s, seg_ids, seg_target) in enumerate(inserts, start=1):
         n = seg_ids.numel()
         ids.append(seg_ids)
@@ -208,7 +209,8 @@ def privileged_examples(
                         text = correction[parsed.span[0] : parsed.span[1]]
                         target = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
                     else:
-                        ids = tokenizer(correction, add_special_tokens=False)["input_ids"] + ([close] if close is not None else [])
+                        ids = tokenizer(correction, add_special_tokens=False)["input_ids"]
+                        ids += [close] if close is not None else []
                         target = torch.tensor(ids, dtype=torch.long)
                 if target.numel() == 0:
                     continue
@@ -256,7 +258,9 @@ def sft(run) -> dict[str, Any]:
                                      progress="expert episodes" if run.progress else False)
     episodes = [e for e in played if e.success and not e.error]
     if not episodes:
-        raise TrainError(f"{cfg.env_id}: the expert solved none of {cfg.sft_episodes} episodes; nothing to warm-start on")
+        raise TrainError(
+            f"{cfg.env_id}: the expert solved none of {cfg.sft_episodes} episodes; nothing to warm-start on"
+        )
     save_episodes(run.out / "episodes" / "sft_expert.jsonl", episodes)
     rows = run.rows(episodes)
     target, detour_turns = sft_targets(rows, episodes, expert.detours)  # the expert's own turns only
@@ -319,7 +323,8 @@ def sft_epoch(model, optimizer, examples: list[SFTExample], rng, *, pad_token_id
     batches: list[list[SFTExample]] = []
     for packed in (False, True):
         idx = [i for i, x in enumerate(examples) if x.packed == packed]
-        batches += [[examples[idx[j]] for j in batch] for batch in micro_batches([lengths[i] for i in idx], batch_tokens)]
+        batches += [[examples[idx[j]] for j in batch]
+                    for batch in micro_batches([lengths[i] for i in idx], batch_tokens)]
     total, count = 0.0, 0
     device = model.device
     for b in rng.permutation(len(batches)):
@@ -336,7 +341,8 @@ def sft_epoch(model, optimizer, examples: list[SFTExample], rng, *, pad_token_id
             segment = torch.full((len(chosen), width), -1, dtype=torch.long)
             prefix = torch.zeros((len(chosen), width), dtype=torch.long)
             for j, x in enumerate(chosen):
-                positions[j, : x.length], segment[j, : x.length], prefix[j, : x.length] = x.positions, x.segment, x.prefix
+                positions[j, : x.length], segment[j, : x.length] = x.positions, x.segment
+                prefix[j, : x.length] = x.prefix
             dtype = next(model.parameters()).dtype
             attention = block_causal_mask(segment.to(device), prefix.to(device), valid.to(device), dtype)
             positions = positions.to(device)

@@ -39,7 +39,8 @@ def test_family_defaults_come_from_the_registry(env_id, family, span, invalid, s
     assert (c.span_mode, c.invalid_coef, c.score_coef) == (span, invalid, score)
     assert 0.05 <= c.lam_mix <= 0.3
     # AgentOPSD always scores the whole response, with the live policy as teacher.
-    assert (credit_config(env_id, "agentopsd").span_mode, credit_config(env_id, "agentopsd").teacher_mode) == ("clean_step", "live")
+    agentopsd = credit_config(env_id, "agentopsd")
+    assert (agentopsd.span_mode, agentopsd.teacher_mode) == ("clean_step", "live")
     assert credit_config(env_id, "grpo", invalid_coef=0.5).invalid_coef == 0.5
 
 

@@ -64,7 +64,8 @@ def test_tiny_model_is_seeded(tiny) -> None:
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
-    assert a.config.vocab_size == len(tok) and a.generation_config.eos_token_id == [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert a.config.vocab_size == len(tok)
+    assert a.generation_config.eos_token_id == [tok.convert_tokens_to_ids("<|im_end|>")]
 
 
 def test_tiny_on_the_real_qwen3_tokenizer(qwen3_tokenizer_dir) -> None:
@@ -206,7 +207,8 @@ class CountingAgent(HFPolicyAgent):
 def test_rollout_samples_all_live_episodes_in_one_call(tiny) -> None:
     model, tok = tiny
     agent = CountingAgent(model, tok, max_new_tokens=6, temperature=1.0, seed=0)
-    eps = run_episodes(make_guess, agent, [EpisodeRequest(s, group=f"g{s % 3}") for s in range(6)], num_envs=6, progress=False)
+    requests = [EpisodeRequest(s, group=f"g{s % 3}") for s in range(6)]
+    eps = run_episodes(make_guess, agent, requests, num_envs=6, progress=False)
     assert len(eps) == 6 and all(e.finished for e in eps)
     assert agent.batches[0] == 6 and len(agent.batches) == max(e.num_turns for e in eps)
     assert agent.stats["calls"] == len(agent.batches)  # one decoding loop per tick

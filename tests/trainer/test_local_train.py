@@ -225,14 +225,16 @@ def test_cli_train_and_resume(tmp_path, capsys) -> None:
     assert main(["train", "--env", "nope/Nope-v0", "--out", str(tmp_path / "x")]) == 2
     assert "no env registered" in capsys.readouterr().err
     assert main(["train", "--env", "trainertest/Parity-v0", "--method", "ppo", "--out", str(tmp_path / "x")]) == 2
-    assert main(["train", "--env", "trainertest/Parity-v0", "--credit", "lam_mixx=1", "--out", str(tmp_path / "x")]) == 2
+    assert main(["train", "--env", "trainertest/Parity-v0", "--credit", "lam_mixx=1", "--out", str(tmp_path / "x")]) \
+        == 2
     assert "lam_mixx" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path / "y")]) == 2 and "--env is required" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("context", ["full", "window:1"])
-def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp_path, monkeypatch, context, temperature):
+def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp_path, monkeypatch, context,
+                                                                            temperature):
     """Token-in, token-out, with an untrained policy (whose samples are often not what its tokenizer
     would make of their text): turn by turn, the row's tokens before a turn are exactly the ids the
     policy was conditioned on, and the turn's tokens are exactly the ids it sampled (its stop id
@@ -250,7 +252,8 @@ def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp
         return result
 
     monkeypatch.setattr(HFPolicyAgent, "_sample", recording)
-    run = LocalTrainer(config(tmp_path / "run", context=context, max_new_tokens=8, temperature=temperature), progress=False)
+    cfg = config(tmp_path / "run", context=context, max_new_tokens=8, temperature=temperature)
+    run = LocalTrainer(cfg, progress=False)
     run.start()
     episodes = run.rollout()
     rows = run.rows(episodes)
@@ -285,8 +288,8 @@ def test_perturbed_expert_detours_are_seeded_and_recovered_from() -> None:
 
     def play(num_envs, noise, seed=0):
         agent = PerturbedExpert(noise, seed=seed)
-        eps = run_episodes(lambda: make("example/GuessNumber-v0"), agent,
-                           [EpisodeRequest(s, episode_id=f"e{s}") for s in range(12)], num_envs=num_envs, progress=False)
+        requests = [EpisodeRequest(s, episode_id=f"e{s}") for s in range(12)]
+        eps = run_episodes(lambda: make("example/GuessNumber-v0"), agent, requests, num_envs=num_envs, progress=False)
         return eps, agent.detours
 
     clean, none = play(4, 0.0)

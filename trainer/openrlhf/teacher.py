@@ -60,7 +60,8 @@ def pad_rows(rows: Sequence[TeacherRow], pad_id: int) -> tuple[torch.Tensor, tor
     return sequences, attention, action
 
 
-def score_rows(actor_group, rows: Sequence[TeacherRow], micro_batch_size: int, pad_id: int, get=None) -> list[torch.Tensor]:
+def score_rows(actor_group, rows: Sequence[TeacherRow], micro_batch_size: int, pad_id: int,
+               get=None) -> list[torch.Tensor]:
     """Teacher log-probs of every row's scored tokens, from the actor group's `forward`.
 
     The rows go out as micro-batches of `micro_batch_size`, spread over the group's actors as
