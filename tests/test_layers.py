@@ -53,13 +53,16 @@ def imports(path: Path, package: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            out.append((node.lineno, module))
+            out.append((node.lineno, imported_from(node, package)))
     return out
+
+
+def imported_from(node: ast.ImportFrom, package: str) -> str:
+    """The module a `from ... import` names, a relative one resolved against `package`."""
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module or ""
 
 
 def source_files():
@@ -132,11 +135,7 @@ def private_uses(source: str, module: str, package: str) -> list[tuple[int, str]
                     top = alias.name.split(".")[0]
                     aliases[top] = top
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source_module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source_module = node.module or ""
+            source_module = imported_from(node, package)
             if layer(source_module) is None or source_module == module:
                 continue
             for alias in node.names:
