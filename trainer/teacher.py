@@ -30,9 +30,10 @@ How a row's turns are scored (`score_teacher`'s `strategy`, the same log-probs e
 (the default) runs what rows share once and reuses its keys and values: StepOPSD's rows' common start,
 then each row's prefix once for every turn's block and span (`score_inserts_with_prefix_cache`);
 AgentOPSD's skill note with the prompt the rows share, once per note
-(`trainer.forward.score_sequences_with_shared_prefix`). `packed`: a row's turns in one sequence under
-a block-causal 4-D mask. `per-turn`: one sequence per turn, what the OpenRLHF bridge does (its actor
-forward takes no custom mask or cache). What each costs: docs/trainer-performance.md.
+(`score_sequences_with_shared_prefix`). `packed`: a row's turns in one sequence under a block-causal
+4-D mask. `per-turn`: one sequence per turn, what the OpenRLHF bridge does (its actor forward takes
+no custom mask or cache). The scorers are `trainer.forward`'s; what each strategy costs:
+docs/trainer-performance.md.
 
 Truncation is never silent. A StepOPSD turn whose context does not fit is first scored without the
 peer trajectory (`peer_dropped`), then left unscored (`truncated`); an AgentOPSD row that does not
@@ -49,21 +50,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from agentgym_opsd.episode import Episode
 from trainer.chat import episode_messages, render_prompt
 from trainer.credit.config import CreditConfig
 from trainer.env_knowledge import skill_text
 from trainer.forward import (
+    Insert,
     TeacherSequence,
     attention_implementation,
-    cache_over,
-    decoder_and_head,
-    forward_after_cache,
-    length_batches,
-    picked_logprobs,
-    prefix_then_causal,
+    score_inserts_with_prefix_cache,
     score_sequences,
     score_sequences_with_shared_prefix,
 )
@@ -248,9 +244,6 @@ def _turn_spans(rows: TokenRows, r: int, scored: torch.Tensor) -> list[tuple[int
     return out
 
 
-Insert = tuple[int, list[int], torch.Tensor]  # (s_k: the span's first row position, block ids, span row positions)
-
-
 def stepopsd_inserts(tokenizer, episodes, rows, config, max_length, counters) -> dict[int, list[Insert]]:
     """For every row, the turns whose teacher context fits: where the hindsight block goes (s_k), the
     block (without the peer trajectory when only that fits), and the span's row positions."""
@@ -390,129 +383,6 @@ def _max_length(model, config: CreditConfig, max_length: int | None) -> int:
 
 
 STRATEGIES = ("prefix", "packed", "per-turn")
-
-
-@torch.no_grad()
-def score_inserts_with_prefix_cache(
-    model,
-    rows: TokenRows,
-    inserts: dict[int, list[Insert]],
-    *,
-    micro_batch_tokens: int = 16384,
-    temperature: float = 1.0,
-    progress: bool | str = False,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
-    """StepOPSD's teacher with each row's prefix computed once.
-
-    For a micro-batch of rows, the teacher runs the rows' prefixes (up to their last insertion
-    point) once, right-padded and causal, keeping keys and values. Then the segments (hindsight block +
-    span) of all the micro-batch's turns, sorted by insertion point s_k, run in batches on those
-    caches: segment k sees its row's prefix keys at positions < s_k and itself causally, with
-    position ids continuing from s_k; a batch attends to the prefix keys up to its largest s_k only.
-    That is the same computation as the sequence prefix + block + span, with the prefix run once
-    instead of once per turn. The log-probs come from one output-head call per batch.
-
-    Returns (logprobs [R, T], scored [R, T], counters: forwards, tokens).
-    """
-    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    decoder, head = decoder_and_head(model)
-    runner = decoder if decoder is not None else model
-    pad = int(rows.pad_token_id)
-    logprobs = torch.zeros(rows.input_ids.shape, dtype=torch.float32)
-    scored = torch.zeros(rows.input_ids.shape, dtype=torch.bool)
-    counters = {"forwards": 0, "tokens": 0, "sequences": 0}
-    prefix_len = {r: max(s for s, _, _ in ins) for r, ins in inserts.items()}
-    # rows of similar prefix length together, within the token budget
-    batches = length_batches(inserts, lambda r: prefix_len[r], micro_batch_tokens)
-    order = [r for batch in batches for r in batch]
-    # The rows' common token prefix (the system prompt, ...), up to the first insertion point of any
-    # row, runs once; every row's prefix continues from its keys and values.
-    shared = 0
-    if inserts:
-        first = rows.input_ids[order[0]]
-        shared = min(min(s for s, _, _ in ins) for ins in inserts.values())
-        for r in order[1:]:
-            differ = (rows.input_ids[r, :shared] != first[:shared]).nonzero()
-            shared = int(differ[0]) if differ.numel() else shared
-    shared_kv = None
-    if shared > 1:
-        out = runner(input_ids=first[:shared].unsqueeze(0).to(device), use_cache=True)
-        shared_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        counters["forwards"] += 1
-        counters["tokens"] += shared
-        del out
-    else:
-        shared = 0
-    label = progress if isinstance(progress, str) else "teacher"
-    for batch in tqdm(batches, desc=label, unit="batch", disable=not progress, leave=False):
-        P = max(prefix_len[r] for r in batch)
-        ids = torch.full((len(batch), P - shared), pad, dtype=torch.long)
-        for b, r in enumerate(batch):
-            ids[b, : prefix_len[r] - shared] = rows.input_ids[r, shared : prefix_len[r]]
-        # Right-padded and causal: a pad's key sits after every insertion point of its row, and no
-        # real token attends to it, so no padding mask is needed (without any mask SDPA runs its
-        # causal kernel).
-        if shared_kv is None:
-            out = runner(input_ids=ids.to(device), use_cache=True)
-            layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        else:
-            n, S = ids.shape
-            kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in shared_kv]
-            cache = cache_over(model, kv)
-            forward_after_cache(model, decoder, cache, ids.to(device), torch.arange(shared, P).expand(n, S).to(device),
-                                 prefix_then_causal(S, shared, dtype), read=(0, 0))
-            layers = [(layer.keys, layer.values) for layer in cache.layers]  # [n, kv heads, P, head dim]
-        counters["forwards"] += 1
-        counters["tokens"] += sum(prefix_len[r] - shared for r in batch)
-        # Every segment of the batch's rows: (s, batch index, row, block, span positions), by block length
-        # (the peer trajectory makes some blocks much longer) and then by s, both descending.
-        segments = sorted(((s, b, r, block, pos) for b, r in enumerate(batch) for s, block, pos in inserts[r]),
-                          key=lambda x: (-len(x[3]), -x[0]))
-        lengths = [len(block) + int(pos[-1]) - s + 1 for s, _, _, block, pos in segments]
-        groups: list[list[int]] = []  # segments whose padded size (largest s + longest segment) fits the budget
-        for j in range(len(segments)):
-            if groups:
-                g = groups[-1]
-                width = max(segments[i][0] for i in g + [j]) + max(lengths[i] for i in g + [j])
-                if (len(g) + 1) * width <= micro_batch_tokens:
-                    g.append(j)
-                    continue
-            groups.append([j])
-        for g in groups:
-            n, C, S = len(g), max(segments[j][0] for j in g), max(lengths[j] for j in g)
-            seg_ids = torch.full((n, S), pad, dtype=torch.long)
-            positions = torch.empty((n, S), dtype=torch.long)
-            bias = torch.full((n, S, C + S), torch.finfo(dtype).min, dtype=dtype)
-            causal = prefix_then_causal(S, 0, dtype)[0]
-            where = torch.tensor([segments[j][1] for j in g])
-            predict, targets = [], []
-            for i, j in enumerate(g):
-                s, _, r, block, pos = segments[j]
-                e = int(pos[-1])
-                block_ids = torch.tensor(block, dtype=torch.long)
-                seg_ids[i, : lengths[j]] = torch.cat([block_ids, rows.input_ids[r, s : e + 1]])
-                positions[i] = torch.arange(s, s + S)
-                bias[i, :, :s] = 0                  # the row's prefix before this turn's span
-                bias[i, :, C:] = causal             # the segment itself, causally (pads see only earlier tokens)
-                predict.append(i * S + len(block) + (pos - s) - 1)  # flat index of the state predicting span position p
-                targets.append(rows.input_ids[r, pos])
-            kv = [(k[:, :, :C].index_select(0, where.to(k.device)), v[:, :, :C].index_select(0, where.to(v.device)))
-                  for k, v in layers]
-            # Only the span's predictions are read: from the last block token to the span's last but one.
-            read = (min(len(segments[j][3]) for j in g) - 1, max(lengths[j] for j in g) - 1)
-            states = forward_after_cache(model, decoder, kv, seg_ids.to(device), positions.to(device), bias, read=read)
-            counters["forwards"] += 1
-            counters["sequences"] += n
-            counters["tokens"] += sum(lengths[j] for j in g)
-            lp = picked_logprobs(head, states.reshape(n * S, -1)[torch.cat(predict).to(device)], torch.cat(targets),
-                                 temperature=temperature).cpu()
-            at = 0
-            for j in g:
-                _, _, r, _, pos = segments[j]
-                logprobs[r, pos] = lp[at : at + pos.numel()]
-                scored[r, pos] = True
-                at += pos.numel()
-    return logprobs, scored, counters
 
 
 def score_teacher(
