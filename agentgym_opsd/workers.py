@@ -45,7 +45,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EnvFactory", "EnvFailure", "EnvHandle", "LocalEnv", "WorkerEnv", "RemoteEnvProxy", "default_start_method", "describe_exit"]
+__all__ = [
+    "EnvFactory", "EnvFailure", "EnvHandle", "LocalEnv", "WorkerEnv", "RemoteEnvProxy", "default_start_method",
+    "describe_exit",
+]
 
 
 class EnvFailure(RuntimeError):
@@ -249,7 +252,8 @@ def _serve(conn: Any, make_env: Callable[[], Any]) -> None:
         try:
             conn.send(("ok", reply, None))
         except Exception as e:  # an unpicklable result: the env's bug, reported, not fatal
-            conn.send(("error", f"{command} failed: its result cannot be sent between processes ({_error_text(e)})", None))
+            why = f"{command} failed: its result cannot be sent between processes ({_error_text(e)})"
+            conn.send(("error", why, None))
 
 
 def _prefetch(raw: Any, names: tuple[str, ...]) -> dict[str, tuple[bool, Any]]:
@@ -360,7 +364,6 @@ class WorkerEnv(EnvHandle):
         self._pending: str | None = None  # the command awaiting its answer
         self._sent_at = 0.0
         self._broken: str | None = None  # why the worker is unusable until restarted
-        self.restarts = 0
         self._proxy = RemoteEnvProxy(self)
         self._spawn()
 
@@ -373,7 +376,8 @@ class WorkerEnv(EnvHandle):
 
     def _spawn(self) -> None:
         parent_end, child_end = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_worker_main, args=(child_end, self._make_env), daemon=True, name="agentgym-env-worker")
+        process = self._ctx.Process(target=_worker_main, args=(child_end, self._make_env), daemon=True,
+                                    name="agentgym-env-worker")
         _PARENT_ENDS.add(parent_end)
         process.start()
         child_end.close()
@@ -410,7 +414,6 @@ class WorkerEnv(EnvHandle):
 
     def restart(self) -> None:
         self._kill()
-        self.restarts += 1
         self._spawn()
         self.wait_started()
 

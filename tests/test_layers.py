@@ -10,7 +10,8 @@ An arrow may only point down: the app may import anything; the trainer and the e
 contract (and envs the retrieval library), never each other; the retrieval library imports only the
 contract; the contract imports none of them. `trainer/credit/` is pure tensor math: it imports
 torch, numpy, the standard library and itself. Every import counts, also one inside a function (a
-lazy import is still an arrow).
+lazy import is still an arrow). And no module takes another module's underscore names (`from x import
+_y`, `x._y`): what another module needs gets a public name.
 """
 
 from __future__ import annotations
@@ -52,13 +53,16 @@ def imports(path: Path, package: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            out.append((node.lineno, module))
+            out.append((node.lineno, imported_from(node, package)))
     return out
+
+
+def imported_from(node: ast.ImportFrom, package: str) -> str:
+    """The module a `from ... import` names, a relative one resolved against `package`."""
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module or ""
 
 
 def source_files():
@@ -100,3 +104,82 @@ def test_the_credit_core_imports_only_torch_numpy_and_itself():
 def test_the_rules_themselves(module, target, allowed):
     """The checker can fail: a few arrows and whether they are allowed."""
     assert (layer(target) == layer(module) or layer(target) in ALLOWED[layer(module)]) is allowed
+
+
+# A name with one leading underscore is its module's own business: another module of the project
+# that needs it should get a public name for it (dunders such as __version__ are public).
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def is_our_module(module: str) -> bool:
+    """Is `module` (dotted) a module or package of the project, by its file?"""
+    if layer(module) is None:
+        return False
+    path = REPO.joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def private_uses(source: str, module: str, package: str) -> list[tuple[int, str]]:
+    """(line, what) for each underscore name that `module`'s source takes from another project
+    module: `from x import _y`, or `x._y` where x names a project module it imported."""
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}  # local name -> the project module it is bound to
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    aliases[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    aliases[top] = top
+        elif isinstance(node, ast.ImportFrom):
+            source_module = imported_from(node, package)
+            if layer(source_module) is None or source_module == module:
+                continue
+            for alias in node.names:
+                if private(alias.name):
+                    out.append((node.lineno, f"from {source_module} import {alias.name}"))
+                elif is_our_module(f"{source_module}.{alias.name}"):
+                    aliases[alias.asname or alias.name] = f"{source_module}.{alias.name}"
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and private(node.attr)):
+            continue
+        parts, value = [], node.value
+        while isinstance(value, ast.Attribute):
+            parts.append(value.attr)
+            value = value.value
+        if not isinstance(value, ast.Name) or value.id not in aliases:
+            continue
+        target = ".".join([aliases[value.id], *reversed(parts)])
+        if target != module and is_our_module(target):
+            out.append((node.lineno, f"{target}.{node.attr}"))
+    return out
+
+
+def test_no_module_takes_another_modules_underscore_names():
+    bad = []
+    for path, module, package in source_files():
+        for line, what in private_uses(path.read_text(encoding="utf-8"), module, package):
+            bad.append(f"{path.relative_to(REPO)}:{line}: {what}")
+    assert not bad, "underscore names used outside their module (give them a public name):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "source,found",
+    [
+        ("from trainer.rows import _records", ["from trainer.rows import _records"]),
+        ("def f():\n    from .rows import _records", ["from trainer.rows import _records"]),
+        ("import trainer.rows as r\nr._records(None)", ["trainer.rows._records"]),
+        ("import trainer.rows\ntrainer.rows._records", ["trainer.rows._records"]),
+        ("from trainer import rows\nrows._records", ["trainer.rows._records"]),
+        ("from trainer.rows import build_rows\nx = build_rows._cache", []),  # a function's attribute
+        ("import torch\ntorch._C", []),  # not ours
+        ("from agentgym_opsd import __version__", []),  # a dunder is public
+        ("def _own():\n    pass\n_own()", []),  # a module's own underscore names
+    ],
+)
+def test_the_underscore_rule_itself(source, found):
+    """The checker can fail: what it finds in a few lines of a module `trainer.teacher`."""
+    assert [what for _, what in private_uses(source, "trainer.teacher", "trainer")] == found

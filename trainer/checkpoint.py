@@ -2,11 +2,14 @@
 
 The checkpoint holds tensors, numbers and strings only (no pickled objects), so it loads with
 `torch.load(..., weights_only=True)`: numpy's legacy RNG key is stored as a tensor.
+`save_checkpoint(run)` writes a `LocalTrainer` run's state; `load_checkpoint(run)` puts it back and
+drops what the run logged after it, so a resumed run ends in the state of one never stopped.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -14,9 +17,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentgym_opsd.io import atomic_write_bytes
+from agentgym_opsd.io import atomic_write_bytes, atomic_write_text, read_jsonl_numbered
+from trainer.config import RESUMABLE_CHANGES, TrainConfig, TrainError
+from trainer.policy import load_policy
 
-__all__ = ["CHECKPOINT", "write_checkpoint", "read_checkpoint", "rng_states", "restore_rng_states"]
+__all__ = [
+    "CHECKPOINT",
+    "load_checkpoint",
+    "read_checkpoint",
+    "restore_rng_states",
+    "rng_states",
+    "save_checkpoint",
+    "truncate_logs",
+    "write_checkpoint",
+]
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -61,3 +75,87 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
     # weights_only: a checkpoint holds tensors, numbers and strings only (no pickled objects)
     path = Path(folder) / CHECKPOINT
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def save_checkpoint(run) -> None:
+    """A `LocalTrainer` run's model, optimizer, teacher snapshot, KL reference, RNG states and
+    progress, in one file written atomically (a crash leaves the previous checkpoint)."""
+    write_checkpoint(run.out, {
+        "format": 1,
+        "config": run.config.to_dict(),
+        "step": run.step,
+        "sft_done": run.sft_done,
+        "evaluated_steps": sorted(run.evaluated_steps),
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "teacher": None if run.teacher_model is None else run.teacher_model.state_dict(),
+        "reference": None if run.reference_model is None else run.reference_model.state_dict(),
+        "rng": {
+            "trainer": run.rng.bit_generator.state,
+            **rng_states(),
+            "rollout_agent": None if run.rollout_agent is None else run.rollout_agent.state_dict(),
+        },
+    })
+
+
+def load_checkpoint(run) -> None:
+    """A `LocalTrainer` run back from its checkpoint in `run.out` (the same settings, else a
+    `TrainError`), and its logs cut back to what was logged before it (`truncate_logs`)."""
+    state = read_checkpoint(run.out)
+    saved = TrainConfig.from_dict(state["config"])
+    changed = {k for k, v in saved.to_dict().items() if getattr(run.config, k) != v} - RESUMABLE_CHANGES
+    if changed:
+        raise TrainError(
+            f"--resume: the run in {run.out} was started with other settings ({', '.join(sorted(changed))}); "
+            "resume with the same settings, or start a new run with another --out"
+        )
+    cfg = run.config
+    if cfg.model == "tiny":
+        run.model, run.tokenizer = load_policy(str(run.out / "init"), device=cfg.device, dtype=cfg.dtype)
+    else:
+        run.model, run.tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    run.model.load_state_dict(state["model"])
+    run.step = int(state["step"])
+    run.sft_done = bool(state["sft_done"])
+    run.evaluated_steps = set(state["evaluated_steps"])
+    if run.sft_done:
+        run.init_rl_models()
+        if state["teacher"] is not None:
+            run.teacher_model.load_state_dict(state["teacher"])
+        if state["reference"] is not None:
+            run.reference_model.load_state_dict(state["reference"])
+    run.make_optimizer(cfg.lr if run.sft_done else cfg.sft_lr)
+    run.optimizer.load_state_dict(state["optimizer"])
+    rng = state["rng"]
+    run.rng.bit_generator.state = rng["trainer"]
+    restore_rng_states(rng)
+    if rng["rollout_agent"] is not None:
+        run.rollout_agent = run.new_rollout_agent()
+        run.rollout_agent.load_state_dict(rng["rollout_agent"])
+    truncate_logs(run.out, step=run.step, evaluated_steps=run.evaluated_steps, sft_done=run.sft_done)
+
+
+def truncate_logs(out: Path, *, step: int, evaluated_steps: set[int], sft_done: bool) -> None:
+    """Drop what a killed run logged after its last checkpoint (it will be redone): metrics, and
+    the credit records of updates after it."""
+    path = out / "metrics.jsonl"
+    if path.exists():
+        keep = []
+        for _, record in read_jsonl_numbered(path, skip_torn_lines=True):
+            logged = int(record.get("step", 0))
+            if logged < step or (logged == step and _logged_before_checkpoint(record, step, evaluated_steps, sft_done)):
+                keep.append(record)
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
+    credit = out / "credit.jsonl"
+    if credit.exists():
+        kept = [r for _, r in read_jsonl_numbered(credit, skip_torn_lines=True) if int(r.get("update", 0)) <= step]
+        atomic_write_text(credit, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+
+
+def _logged_before_checkpoint(record: dict[str, Any], step: int, evaluated_steps: set[int], sft_done: bool) -> bool:
+    kind = record.get("kind")
+    if kind == "eval":
+        return step in evaluated_steps
+    if kind in ("sft", "sft_done"):
+        return sft_done
+    return True

@@ -47,8 +47,7 @@ class TrainConfig:
         save_every: checkpoint every N updates (and at the end); 0: never (the run cannot be resumed).
         credit_records: write what each update's credit gave each turn to credit.jsonl (for the report).
         cpu_threads: torch threads on CPU (0: torch's default). One by default: a tiny model's ops are
-            so small that OpenMP synchronisation dominates, and on a busy machine two threads made
-            each small matrix product 100x slower than one.
+            so small that OpenMP synchronisation dominates (docs/trainer-performance.md).
     """
 
     env_id: str
@@ -108,8 +107,8 @@ class TrainConfig:
         for name in ("steps", "sft_episodes", "eval_episodes"):
             if getattr(self, name) < 0:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 0")
-        for name in ("tasks_per_step", "group_size", "max_new_tokens", "ppo_epochs", "mini_batches", "micro_batch_tokens", "sft_batch_tokens",
-                     "sft_epochs"):
+        for name in ("tasks_per_step", "group_size", "max_new_tokens", "ppo_epochs", "mini_batches",
+                     "micro_batch_tokens", "sft_batch_tokens", "sft_epochs"):
             if getattr(self, name) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1")
         if self.save_every < 0:
@@ -119,11 +118,14 @@ class TrainConfig:
         if not 0.0 <= self.sft_noise < 1.0:
             raise TrainError("--sft-noise must be in [0, 1)")
         if not 0.0 <= self.sft_privileged <= 1.0:
-            raise TrainError("--sft-privileged must be in [0, 1] (the share of warm-start episodes taught with privileged context)")
+            raise TrainError(
+                "--sft-privileged must be in [0, 1] (the share of warm-start episodes taught with privileged context)"
+            )
         from trainer.warm_start import PRIVILEGED_CONTEXTS
 
         if self.sft_privileged_context not in PRIVILEGED_CONTEXTS:
-            raise TrainError(f"--sft-privileged-context {self.sft_privileged_context!r}: use one of {', '.join(PRIVILEGED_CONTEXTS)}")
+            raise TrainError(f"--sft-privileged-context {self.sft_privileged_context!r}: "
+                             f"use one of {', '.join(PRIVILEGED_CONTEXTS)}")
         agentgym_opsd.ContextPolicy.parse(self.context)
         self.credit_config()
 
@@ -137,7 +139,8 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(CreditConfig)}
         unknown = set(self.credit) - known
         if unknown:
-            raise TrainError(f"--credit {', '.join(sorted(unknown))}: unknown setting(s); CreditConfig has {', '.join(sorted(known))}")
+            raise TrainError(f"--credit {', '.join(sorted(unknown))}: unknown setting(s); "
+                             f"CreditConfig has {', '.join(sorted(known))}")
         try:
             return credit_config(self.env_id, self.method, **self.credit)
         except (TypeError, ValueError) as e:

@@ -164,8 +164,9 @@ def credit_pass(student, teacher, tokenizer, episodes, config, step: int = 0, *,
     For a benchmark or a report of credit without a training run (`benchmarks/credit_quality.py`).
     """
     from trainer.credit import compute_advantages
+    from trainer.forward import row_logprobs
     from trainer.rows import build_rows
-    from trainer.teacher import row_logprobs, score_teacher
+    from trainer.teacher import score_teacher
 
     rows = build_rows(list(episodes), tokenizer, span_mode=config.span_mode)
     lp_student = row_logprobs(student, rows, temperature=temperature)
@@ -186,7 +187,7 @@ def update_credit_records(episodes, rows, parts, *, method: str, update: int | N
     AgentOPSD's B_k, dB_k and w_k, StepOPSD's scored tokens ([text, w_t, delta_t]) and their span.
     """
     records = []
-    generated = rows.turn_id >= 0
+    generated = rows.generated_mask()
     for e, episode in enumerate(episodes):
         K = episode.num_turns
         turn_adv: list[float | None] = [None] * K
@@ -205,7 +206,8 @@ def update_credit_records(episodes, rows, parts, *, method: str, update: int | N
                         pieces = [tokenizer.decode([int(rows.input_ids[r, p])]) for p in positions]
                         tokens[k] = [(text, float(parts.token_weight[r, p]), float(parts.delta[r, p]))
                                      for text, p in zip(pieces, positions, strict=True)]
-                        spans[k] = _span_of(episode.turns[k].response, "".join(pieces), episode.turns[k].step.action_span)
+                        turn = episode.turns[k]
+                        spans[k] = _span_of(turn.response, "".join(pieces), turn.step.action_span)
 
         def column(table: Any, shift: int = 0, e: int = e, K: int = K) -> list[float | None] | None:
             if table is None:

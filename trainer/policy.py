@@ -9,12 +9,6 @@
   the fly with the `tokenizers` library on text from the env (`corpus`), with a ChatML template: a
   vocabulary of a few thousand tokens keeps a CPU run fast.
 
-`token_logprobs` is the one place the trainer turns rows of tokens into log-probs: it runs the
-decoder once and applies the output head only at the positions asked for (a [rows, tokens, vocab]
-logits tensor would not fit for long episodes and large vocabularies). With `share_prefix`, the
-tokens every row starts with (an env's instructions and its first words: often most of a short
-row) run once for the batch, with gradients, and the rows continue from their keys and values.
-
 Devices: CPU by default; CUDA in bf16 when a GPU is present (`device="auto"`).
 """
 
@@ -29,23 +23,21 @@ from typing import Any
 import torch
 
 __all__ = [
-    "DEFAULT_QWEN3_TOKENIZER",
     "CHATML_TEMPLATE",
-    "TinyModelSpec",
+    "DEFAULT_QWEN3_TOKENIZER",
+    "TINY_MODEL_PARAMETERS",
     "PolicyLoadError",
+    "TinyModelSpec",
+    "build_tiny_model",
+    "end_of_turn_ids",
+    "load_hf_policy",
+    "load_policy",
+    "load_tokenizer",
+    "parameter_count",
+    "pin_cpu_threads",
     "resolve_device",
     "resolve_dtype",
     "train_tokenizer",
-    "load_tokenizer",
-    "build_tiny_model",
-    "load_policy",
-    "end_of_turn_ids",
-    "token_logprobs",
-    "shared_prefix_length",
-    "parameter_count",
-    "load_hf_policy",
-    "pin_cpu_threads",
-    "TINY_MODEL_PARAMETERS",
 ]
 
 # The shared data folder beside the repository (a checkout's `../shared`), whatever the working folder.
@@ -76,8 +68,8 @@ def pin_cpu_threads(model, threads: int | None = None) -> int:
 
     Args:
         threads: a count; 0 leaves torch's setting as it is; None (auto): 1 for a model under
-            `TINY_MODEL_PARAMETERS` (the trainer's tiny models: on a busy 2-core machine one thread
-            was 2-3x faster than torch's default), torch's setting otherwise.
+            `TINY_MODEL_PARAMETERS` (the trainer's tiny models: one thread is faster than torch's
+            default there, docs/trainer-performance.md), torch's setting otherwise.
     """
     import torch
 
@@ -293,136 +285,3 @@ def load_policy(
 
 def parameter_count(model) -> int:
     return int(sum(p.numel() for p in model.parameters()))
-
-
-def token_logprobs(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    score_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    chunk: int = 4096,
-    with_entropy: bool = False,
-    position_ids: torch.Tensor | None = None,
-    share_prefix: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """log pi(x_t | x_<t) at every position where `score_mask` is true; 0 elsewhere.
-
-    Args:
-        model: a causal LM.
-        input_ids, attention_mask: [R, T] right-padded rows; or packed sequences with a 4-D additive
-            mask (`trainer.teacher.block_causal_mask`) and their `position_ids` [R, T], where every
-            scored token is predicted from the token before it in the same segment.
-        score_mask: [R, T] bool; position 0 is never scored (it has no prefix).
-        temperature: logits are divided by it (as when sampling).
-        chunk: positions per output-head call (bounds the [positions, vocab] tensor).
-        with_entropy: also return the entropy of pi(. | x_<t) at the scored positions.
-        position_ids: [R, T] (default: 0, 1, ... per row).
-        share_prefix: for right-padded rows (a 2-D mask, default positions): run the longest
-            prefix common to all rows once (`shared_prefix_length`) and the rest of each row after
-            its keys and values. The same log-probs and gradients as without, up to float rounding,
-            for less work when rows share a long start; ignored when they do not.
-
-    Returns:
-        float32 [R, T] log-probs (and entropies), differentiable when grad is enabled.
-    """
-    score_mask = score_mask.bool().clone()
-    score_mask[:, 0] = False
-    if share_prefix and attention_mask.dim() == 2 and position_ids is None:
-        C = shared_prefix_length(input_ids, attention_mask.bool(), score_mask)
-        if C >= _MIN_SHARED_PREFIX and input_ids.shape[0] > 1:
-            return _logprobs_after_shared_prefix(model, input_ids, score_mask, C, temperature=temperature,
-                                                 chunk=chunk, with_entropy=with_entropy)
-    rows, cols = torch.nonzero(score_mask[:, 1:], as_tuple=True)  # predicting token cols+1 from position cols
-    decoder = _decoder(model)
-    head = model.get_output_embeddings() if decoder is not None else None
-    if decoder is not None and head is not None:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-        picked = hidden[rows, cols]
-    else:  # a model without a separable head: full logits
-        head = None
-        picked = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[rows, cols]
-    return _scatter_logprobs(head, picked, input_ids, rows, cols, temperature=temperature, chunk=chunk,
-                             with_entropy=with_entropy)
-
-
-def _scatter_logprobs(head, picked: torch.Tensor, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, *,
-                      temperature: float, chunk: int, with_entropy: bool):
-    """`token_logprobs`'s output from the states that predict each scored token: `picked` [M, hidden]
-    through `head` (or logits when `head` is None), position (rows, cols) predicting token cols + 1;
-    [R, T] log-probs (and entropies), `chunk` positions per head call."""
-    targets = input_ids[rows, cols + 1]
-    pieces, entropies = [], []
-    for start in range(0, picked.shape[0], chunk):
-        part = picked[start : start + chunk]
-        logits = (head(part) if head is not None else part).float() / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        pieces.append(logp.gather(-1, targets[start : start + chunk, None]).squeeze(-1))
-        if with_entropy:
-            entropies.append(-(logp.exp() * logp).sum(-1))
-    flat = torch.cat(pieces) if pieces else picked.new_zeros(0, dtype=torch.float32)
-    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device).index_put((rows, cols + 1), flat)
-    if not with_entropy:
-        return out
-    flat_entropy = torch.cat(entropies) if entropies else picked.new_zeros(0, dtype=torch.float32)
-    ent = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    return out, ent.index_put((rows, cols + 1), flat_entropy.detach())
-
-
-# Below this many shared tokens the second forward costs more than it saves.
-_MIN_SHARED_PREFIX = 16
-
-
-def shared_prefix_length(input_ids: torch.Tensor, valid: torch.Tensor, score_mask: torch.Tensor) -> int:
-    """C: the number of leading tokens every row has in common, cut so that every row keeps at least
-    one token after them and every scored token is predicted from a position >= C (right-padded
-    rows; `valid` [R, T] marks the real tokens)."""
-    if input_ids.shape[0] == 0:
-        return 0
-    C = int(valid.sum(1).min()) - 1
-    if C <= 0:
-        return 0
-    differ = (input_ids[:, :C] != input_ids[:1, :C]).any(0).nonzero()
-    if differ.numel():
-        C = int(differ[0])
-    scored = score_mask.nonzero()
-    if scored.numel():
-        C = min(C, int(scored[:, 1].min()) - 1)
-    return max(C, 0)
-
-
-def _logprobs_after_shared_prefix(model, input_ids, score_mask, C: int, *, temperature: float, chunk: int,
-                                  with_entropy: bool):
-    """`token_logprobs` for right-padded rows sharing their first C tokens: the prefix runs once (batch
-    1, with grad), its keys and values are expanded over the rows (a view: the gradient of every
-    row's attention to them adds up in the one prefix), and the rows' remaining tokens run at
-    positions C.. attending to the prefix and causally to themselves. A real token never sees a pad
-    (right padding), so one [1, S, C + S] mask serves every row."""
-    # The cached forward is the teacher's (it scores privileged contexts the same way, without grad).
-    from trainer.teacher import _forward_after_cache, _model_io, _prefix_then_causal
-
-    decoder, head = _model_io(model)
-    runner = decoder if decoder is not None else model
-    R, T = input_ids.shape
-    S = T - C
-    prefix = runner(input_ids=input_ids[:1, :C], use_cache=True)
-    kv = [(layer.keys.expand(R, -1, -1, -1), layer.values.expand(R, -1, -1, -1)) for layer in prefix.past_key_values.layers]
-    del prefix
-    positions = torch.arange(C, T, device=input_ids.device).expand(R, S)
-    dtype = next(model.parameters()).dtype
-    states = _forward_after_cache(model, decoder, kv, input_ids[:, C:], positions, _prefix_then_causal(S, C, dtype))
-    rows, cols = torch.nonzero(score_mask[:, 1:], as_tuple=True)  # predicting token cols+1 from position cols >= C
-    return _scatter_logprobs(head, states[rows, cols - C], input_ids, rows, cols, temperature=temperature, chunk=chunk,
-                             with_entropy=with_entropy)
-
-
-def _decoder(model):
-    """The model's decoder stack (hidden states without the output head), or None."""
-    try:
-        decoder = model.get_decoder()
-    except (AttributeError, NotImplementedError, ValueError):
-        decoder = None
-    if decoder is None or decoder is model:
-        return None
-    return decoder

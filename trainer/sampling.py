@@ -234,7 +234,8 @@ class HFPolicyAgent:
         return result
 
     def _decode(
-        self, prompts: Sequence[Sequence[int]], keys: list[str | None], limits: list[int], closers: list[tuple[str, ...]]
+        self, prompts: Sequence[Sequence[int]], keys: list[str | None], limits: list[int],
+        closers: list[tuple[str, ...]],
     ) -> list[tuple[list[int], list[float], str]]:
         """One batched decoding loop with a KV cache. Row i stops at a stop id, at a text of
         `closers[i]` (the token that completes it is kept), or after `limits[i]` tokens.
@@ -384,9 +385,9 @@ class HFPolicyAgent:
         kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
         if cache is not None:
             kwargs["past_key_values"] = cache
-        from trainer.teacher import _masked_attention  # SDPA with grouped key/value heads on the CPU
+        from trainer.forward import masked_attention  # SDPA with grouped key/value heads on the CPU
 
-        with _masked_attention(self.model):
+        with masked_attention(self.model):
             if prefill:  # logits of the last position only
                 try:
                     return self.model(**kwargs, logits_to_keep=1)

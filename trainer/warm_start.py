@@ -2,7 +2,8 @@
 
 `PerturbedExpert` plays the env's expert with random detours (DART-style) and remembers, for each
 detour, the turn the expert would have written there (its correction); `sft_targets` marks the
-tokens to imitate (the expert's own turns, never a detour); `LocalTrainer.sft` runs the epochs.
+tokens to imitate (the expert's own turns, never a detour); `sft` runs the warm start of a
+`LocalTrainer` run (`sft_epoch`: one pass of token-mean cross-entropy).
 
 A literate warm start (`TrainConfig.sft_privileged`): the OPSD methods' teacher is the policy itself
 reading privileged text, which a model warm-started on plain expert turns has never seen; there, the
@@ -23,14 +24,32 @@ The policy the agent runs never reads privileged text (rollout prompts are never
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from agentgym_opsd.agents import ExpertAgent
+from agentgym_opsd.episode import Episode, save_episodes
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+from trainer.config import TrainConfig, TrainError
+from trainer.forward import block_causal_mask, token_logprobs
+from trainer.loss import micro_batches
 
-__all__ = ["PerturbedExpert", "SFTExample", "sft_targets", "privileged_examples", "PRIVILEGED_CONTEXTS"]
+__all__ = [
+    "PRIVILEGED_CONTEXTS",
+    "PerturbedExpert",
+    "SFTExample",
+    "expert_episodes",
+    "privileged_examples",
+    "privileged_sft_examples",
+    "sft",
+    "sft_epoch",
+    "sft_targets",
+]
 
 PRIVILEGED_CONTEXTS = ("both", "hindsight", "skills")
 
@@ -71,7 +90,7 @@ class SFTExample:
     """One warm-start sequence and the tokens it imitates.
 
     ids: [S] token ids. target: [S] bool, the tokens whose cross-entropy counts.
-    Packed examples (the teacher's `packed` layout, `trainer.teacher.TeacherSequence`) also have
+    Packed examples (the teacher's `packed` layout, `trainer.forward.TeacherSequence`) also have
     positions [S] (position ids), segment [S] (0: the conversation; k > 0: the k-th inserted block
     and target) and prefix [S] (a segment token also attends to conversation tokens at sequence
     positions < prefix); plain ones leave them None (one causal sequence).
@@ -114,7 +133,8 @@ def packed_example(conversation: torch.Tensor, inserts: list[tuple[int, torch.Te
     position s and sits at positions s, s + 1, ...."""
     end = max(s for s, _, _ in inserts)
     ids, target = [conversation[:end]], [torch.zeros(end, dtype=torch.bool)]
-    positions, segment, prefix = [torch.arange(end)], [torch.zeros(end, dtype=torch.long)], [torch.zeros(end, dtype=torch.long)]
+    positions = [torch.arange(end)]
+    segment, prefix = [torch.zeros(end, dtype=torch.long)], [torch.zeros(end, dtype=torch.long)]
     for k, (s, seg_ids, seg_target) in enumerate(inserts, start=1):
         n = seg_ids.numel()
         ids.append(seg_ids)
@@ -135,7 +155,7 @@ def sft_targets(rows, episodes, detours: set[tuple[str, int]]) -> tuple[torch.Te
             detour[i, k] = (e.episode_id, k) in detours
     is_detour = detour[rows.row_episode[:, None], rows.turn_id.clamp(min=0)]
     detour_turns = int(detour.sum())
-    return (rows.turn_id >= 0) & ~is_detour, detour_turns
+    return rows.generated_mask() & ~is_detour, detour_turns
 
 
 def privileged_examples(
@@ -189,7 +209,8 @@ def privileged_examples(
                         text = correction[parsed.span[0] : parsed.span[1]]
                         target = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
                     else:
-                        ids = tokenizer(correction, add_special_tokens=False)["input_ids"] + ([close] if close is not None else [])
+                        ids = tokenizer(correction, add_special_tokens=False)["input_ids"]
+                        ids += [close] if close is not None else []
                         target = torch.tensor(ids, dtype=torch.long)
                 if target.numel() == 0:
                     continue
@@ -212,3 +233,130 @@ def privileged_examples(
             mask[seq.target[keep]] = True
             out.append(SFTExample(seq.ids, mask))
     return out
+
+
+def expert_episodes(config: TrainConfig, make_env, n: int, *, progress: str | bool = "expert episodes"
+                    ) -> tuple[list[Episode], PerturbedExpert]:
+    """`n` episodes of the (perturbed) expert on seeds sft_seed.., and the expert (its detours and
+    their corrections)."""
+    requests = [EpisodeRequest(seed=config.sft_seed + i, episode_id=f"expert-{i}") for i in range(n)]
+    expert = PerturbedExpert(config.sft_noise, seed=config.seed)
+    episodes = run_episodes(
+        make_env, expert, requests, num_envs=min(16, max(1, n)), context=config.context, progress=progress,
+    )
+    return episodes, expert
+
+
+def sft(run) -> dict[str, Any]:
+    """The warm start of a `LocalTrainer` run: supervised fine-tuning on the env's expert, token-mean
+    cross-entropy of the expert's own turns of its successful episodes (observations are context
+    only), and with `sft_privileged` > 0 the teacher's privileged contexts too (`privileged_examples`).
+    Logs each epoch and a summary record through `run.log`; returns the summary."""
+    cfg = run.config
+    started = time.perf_counter()
+    played, expert = expert_episodes(cfg, run.make_env, cfg.sft_episodes,
+                                     progress="expert episodes" if run.progress else False)
+    episodes = [e for e in played if e.success and not e.error]
+    if not episodes:
+        raise TrainError(
+            f"{cfg.env_id}: the expert solved none of {cfg.sft_episodes} episodes; nothing to warm-start on"
+        )
+    save_episodes(run.out / "episodes" / "sft_expert.jsonl", episodes)
+    rows = run.rows(episodes)
+    target, detour_turns = sft_targets(rows, episodes, expert.detours)  # the expert's own turns only
+    examples = [SFTExample(rows.input_ids[r, : int(rows.length[r])], target[r, : int(rows.length[r])])
+                for r in range(rows.num_rows)]
+    examples = [x for x in examples if bool(x.target.any())]
+    generated_tokens = int(target.sum())
+    limit = int(getattr(run.model.config, "max_position_embeddings", 32768) or 32768)
+    privileged = privileged_sft_examples(cfg, run.tokenizer, [e for e in played if not e.error], expert.corrections,
+                                         max_length=limit)
+    examples += privileged
+    run.make_optimizer(cfg.sft_lr)
+    bar = tqdm(total=cfg.sft_epochs, desc="SFT warm start", unit="epoch", disable=not run.progress)
+    loss_value = float("nan")
+    sft_rng = np.random.default_rng(cfg.seed + 7)
+    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    for epoch in range(cfg.sft_epochs):
+        loss_value = sft_epoch(run.model, run.optimizer, examples, sft_rng, pad_token_id=pad,
+                               batch_tokens=cfg.sft_batch_tokens, max_grad_norm=cfg.max_grad_norm)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_value:.3f}")
+        run.log({"kind": "sft", "step": 0, "sft/epoch": epoch + 1, "sft/loss": loss_value})
+    bar.close()
+    record = {
+        "kind": "sft_done", "step": 0, "sft/episodes": len(episodes), "sft/generated_tokens": generated_tokens,
+        "sft/detour_turns": detour_turns, "sft/privileged_examples": len(privileged),
+        "sft/loss": loss_value, "sft/seconds": time.perf_counter() - started,
+    }
+    run.log(record)
+    return record
+
+
+def privileged_sft_examples(config: TrainConfig, tokenizer, played: list[Episode], corrections: dict, *,
+                            max_length: int) -> list[SFTExample]:
+    """The literate warm start's examples (`privileged_examples`) on a share `sft_privileged` of the
+    played expert episodes, both outcomes, in the contexts `sft_privileged_context` names."""
+    if config.sft_privileged <= 0 or not played:
+        return []
+    from trainer.env_knowledge import credit_config
+
+    pick = np.random.default_rng(config.seed + 11).random(len(played)) < config.sft_privileged
+    chosen = [e for e, keep in zip(played, pick, strict=True) if keep]
+    context_keys = {"hindsight_reference", "hindsight_peer", "peer_format", "peer_max_chars", "skills_dir",
+                    "teacher_max_length"}
+    shared = {k: v for k, v in config.credit.items() if k in context_keys}
+    contexts = config.sft_privileged_context
+    hindsight = credit_config(config.env_id, "stepopsd", **shared) if contexts in ("both", "hindsight") else None
+    skills = credit_config(config.env_id, "agentopsd", **shared) if contexts in ("both", "skills") else None
+    return privileged_examples(tokenizer, chosen, corrections, hindsight_config=hindsight, skills_config=skills,
+                               max_length=max_length, chat_template_kwargs=config.chat_template_kwargs,
+                               seed=config.seed + 13)
+
+
+def sft_epoch(model, optimizer, examples: list[SFTExample], rng, *, pad_token_id: int, batch_tokens: int,
+              max_grad_norm: float) -> float:
+    """One pass over the examples in shuffled micro-batches of about `batch_tokens` padded tokens
+    (packed and plain ones in separate batches), one optimizer step each; returns the epoch's
+    token-mean loss."""
+    lengths = [x.length for x in examples]
+    batches: list[list[SFTExample]] = []
+    for packed in (False, True):
+        idx = [i for i, x in enumerate(examples) if x.packed == packed]
+        batches += [[examples[idx[j]] for j in batch]
+                    for batch in micro_batches([lengths[i] for i in idx], batch_tokens)]
+    total, count = 0.0, 0
+    device = model.device
+    for b in rng.permutation(len(batches)):
+        chosen = batches[b]
+        width = max(x.length for x in chosen)
+        ids = torch.full((len(chosen), width), int(pad_token_id), dtype=torch.long)
+        valid = torch.zeros((len(chosen), width), dtype=torch.bool)
+        mask = torch.zeros((len(chosen), width), dtype=torch.bool)
+        for j, x in enumerate(chosen):
+            ids[j, : x.length], valid[j, : x.length], mask[j, : x.length] = x.ids, True, x.target
+        positions = None
+        if chosen[0].packed:  # the teacher's packed layout: a block-causal 4-D mask and position ids
+            positions = torch.zeros((len(chosen), width), dtype=torch.long)
+            segment = torch.full((len(chosen), width), -1, dtype=torch.long)
+            prefix = torch.zeros((len(chosen), width), dtype=torch.long)
+            for j, x in enumerate(chosen):
+                positions[j, : x.length], segment[j, : x.length] = x.positions, x.segment
+                prefix[j, : x.length] = x.prefix
+            dtype = next(model.parameters()).dtype
+            attention = block_causal_mask(segment.to(device), prefix.to(device), valid.to(device), dtype)
+            positions = positions.to(device)
+        else:
+            attention = valid.to(torch.long).to(device)
+        # Plain rows share their start (instructions, first observation): it runs once per batch.
+        lp = token_logprobs(model, ids.to(device), attention, mask.to(device), position_ids=positions,
+                            share_prefix=positions is None)
+        n = mask.sum().clamp(min=1)
+        loss = -(lp * mask.to(device)).sum() / n.to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        total += loss.item() * int(n)
+        count += int(n)
+    return total / max(1, count)

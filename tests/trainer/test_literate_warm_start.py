@@ -12,9 +12,8 @@ from test_local_train import config
 
 from agentgym_opsd import EpisodeRequest, make, run_episodes
 from trainer.env_knowledge import credit_config, skill_text
+from trainer.forward import block_causal_mask, token_logprobs
 from trainer.local import LocalTrainer
-from trainer.policy import token_logprobs
-from trainer.teacher import block_causal_mask
 from trainer.warm_start import PerturbedExpert, privileged_examples
 
 pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
@@ -85,8 +84,9 @@ def test_a_packed_hindsight_example_has_the_loss_and_gradients_of_one_sequence_p
     expert = PerturbedExpert(0.6, seed=2)
     played = run_episodes(lambda: make(ENV), expert, [EpisodeRequest(s, episode_id=f"e{s}") for s in range(4)],
                           progress=False)
-    examples = privileged_examples(run.tokenizer, played, expert.corrections, hindsight_config=credit_config(ENV, "stepopsd"),
-                                   max_length=100_000, turns_per_episode=3)
+    examples = privileged_examples(run.tokenizer, played, expert.corrections,
+                                   hindsight_config=credit_config(ENV, "stepopsd"), max_length=100_000,
+                                   turns_per_episode=3)
     packed = [x for x in examples if x.packed and len(x.unpacked()) >= 2]
     assert packed, "no episode gave two or more hindsight turns"
 
@@ -97,7 +97,8 @@ def test_a_packed_hindsight_example_has_the_loss_and_gradients_of_one_sequence_p
         return float(loss.detach()), [p.grad.detach().clone() for p in model.parameters()]
 
     for x in packed[:2]:
-        mask = block_causal_mask(x.segment[None], x.prefix[None], torch.ones(1, x.length, dtype=torch.bool), torch.float32)
+        valid = torch.ones(1, x.length, dtype=torch.bool)
+        mask = block_causal_mask(x.segment[None], x.prefix[None], valid, torch.float32)
         got, got_grads = loss_and_grads(x.ids[None], mask, x.target[None], x.positions[None])
         want, want_grads = 0.0, None
         for one in x.unpacked():

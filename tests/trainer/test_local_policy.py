@@ -9,14 +9,13 @@ from tolerances import assert_close_to_scale
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, ExpertAgent, run_episodes
 from agentgym_opsd.agents import AgentError, make_agent
+from trainer.forward import shared_prefix_length, token_logprobs
 from trainer.policy import (
     CHATML_TEMPLATE,
     TinyModelSpec,
     build_tiny_model,
     load_policy,
     parameter_count,
-    shared_prefix_length,
-    token_logprobs,
     train_tokenizer,
 )
 from trainer.sampling import HFPolicyAgent
@@ -67,7 +66,8 @@ def test_tiny_model_is_seeded(tiny) -> None:
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
-    assert a.config.vocab_size == len(tok) and a.generation_config.eos_token_id == [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert a.config.vocab_size == len(tok)
+    assert a.generation_config.eos_token_id == [tok.convert_tokens_to_ids("<|im_end|>")]
 
 
 def test_tiny_on_the_real_qwen3_tokenizer(qwen3_tokenizer_dir) -> None:
@@ -211,7 +211,8 @@ class CountingAgent(HFPolicyAgent):
 def test_rollout_samples_all_live_episodes_in_one_call(tiny) -> None:
     model, tok = tiny
     agent = CountingAgent(model, tok, max_new_tokens=6, temperature=1.0, seed=0)
-    eps = run_episodes(make_guess, agent, [EpisodeRequest(s, group=f"g{s % 3}") for s in range(6)], num_envs=6, progress=False)
+    requests = [EpisodeRequest(s, group=f"g{s % 3}") for s in range(6)]
+    eps = run_episodes(make_guess, agent, requests, num_envs=6, progress=False)
     assert len(eps) == 6 and all(e.finished for e in eps)
     assert agent.batches[0] == 6 and len(agent.batches) == max(e.num_turns for e in eps)
     assert agent.stats["calls"] == len(agent.batches)  # one decoding loop per tick

@@ -12,7 +12,8 @@ import trainer.credit as credit_core
 from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
 from agentgym_opsd.app.cli import main
 from agentgym_opsd.io import read_jsonl
-from trainer.local import LocalTrainer, TrainConfig, TrainError, clipped_pg_loss, micro_batches
+from trainer.local import LocalTrainer, TrainConfig, TrainError
+from trainer.loss import clipped_pg_loss, micro_batches
 
 pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
 
@@ -226,14 +227,16 @@ def test_cli_train_and_resume(tmp_path, capsys) -> None:
     assert main(["train", "--env", "nope/Nope-v0", "--out", str(tmp_path / "x")]) == 2
     assert "no env registered" in capsys.readouterr().err
     assert main(["train", "--env", "trainertest/Parity-v0", "--method", "ppo", "--out", str(tmp_path / "x")]) == 2
-    assert main(["train", "--env", "trainertest/Parity-v0", "--credit", "lam_mixx=1", "--out", str(tmp_path / "x")]) == 2
+    assert main(["train", "--env", "trainertest/Parity-v0", "--credit", "lam_mixx=1", "--out", str(tmp_path / "x")]) \
+        == 2
     assert "lam_mixx" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path / "y")]) == 2 and "--env is required" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("context", ["full", "window:1"])
-def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp_path, monkeypatch, context, temperature):
+def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp_path, monkeypatch, context,
+                                                                            temperature):
     """Token-in, token-out, with an untrained policy (whose samples are often not what its tokenizer
     would make of their text): turn by turn, the row's tokens before a turn are exactly the ids the
     policy was conditioned on, and the turn's tokens are exactly the ids it sampled (its stop id
@@ -251,7 +254,8 @@ def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp
         return result
 
     monkeypatch.setattr(HFPolicyAgent, "_sample", recording)
-    run = LocalTrainer(config(tmp_path / "run", context=context, max_new_tokens=8, temperature=temperature), progress=False)
+    cfg = config(tmp_path / "run", context=context, max_new_tokens=8, temperature=temperature)
+    run = LocalTrainer(cfg, progress=False)
     run.start()
     episodes = run.rollout()
     rows = run.rows(episodes)
@@ -267,7 +271,7 @@ def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp
             assert rows.input_ids[r, :start].tolist() == conditioned_on
             assert rows.input_ids[r, positions].tolist() == sampled
             assert positions.tolist() == list(range(start, start + len(sampled)))
-            content = sampled[:-1] if sampled[-1] in run._rollout_agent.stop_ids else sampled
+            content = sampled[:-1] if sampled[-1] in run.rollout_agent.stop_ids else sampled
             retokenized_same += tok(episode.turns[k].response, add_special_tokens=False)["input_ids"] == content
             checked += 1
     assert checked == sum(e.num_turns for e in episodes) == 16
@@ -286,8 +290,8 @@ def test_perturbed_expert_detours_are_seeded_and_recovered_from() -> None:
 
     def play(num_envs, noise, seed=0):
         agent = PerturbedExpert(noise, seed=seed)
-        eps = run_episodes(lambda: make("example/GuessNumber-v0"), agent,
-                           [EpisodeRequest(s, episode_id=f"e{s}") for s in range(12)], num_envs=num_envs, progress=False)
+        requests = [EpisodeRequest(s, episode_id=f"e{s}") for s in range(12)]
+        eps = run_episodes(lambda: make("example/GuessNumber-v0"), agent, requests, num_envs=num_envs, progress=False)
         return eps, agent.detours
 
     clean, none = play(4, 0.0)

@@ -13,6 +13,7 @@ from tolerances import assert_close_to_scale
 
 from trainer.credit import compute_advantages
 from trainer.env_knowledge import SKILLS_DIR, credit_config, skill_text
+from trainer.forward import row_logprobs
 from trainer.rows import build_rows, episode_messages, render_prompt
 from trainer.teacher import (
     SKILL_HEADER,
@@ -20,7 +21,6 @@ from trainer.teacher import (
     hindsight_block,
     peer_episodes,
     privileged_messages,
-    row_logprobs,
     score_teacher,
 )
 
@@ -134,7 +134,9 @@ def test_hindsight_block_contents():
     config = credit_config(ALFWORLD, "stepopsd")
     text, cut = hindsight_block(episodes[1], episodes[0], config)
     assert not cut
-    assert text.startswith("<hindsight>\nfinal_correctness: incorrect\npeer_correct_trajectory: <peer_correct_trajectory>\n")
+    assert text.startswith(
+        "<hindsight>\nfinal_correctness: incorrect\npeer_correct_trajectory: <peer_correct_trajectory>\n"
+    )
     assert "step 1: go to fridge 1\nstep 2: take egg 1 from fridge 1\n" in text  # the peer's actions (default)
     assert "observation:" not in text
     assert "step 4: (invalid turn)" in text  # the winner's last turn had no action
@@ -142,9 +144,11 @@ def test_hindsight_block_contents():
     assert "step 1: go to fridge 1\nobservation: Observation 1." in with_obs and len(with_obs) > len(text)
     assert text.endswith(f"reference: {episodes[1].hindsight.reference}\n</hindsight>\n")
     text, _ = hindsight_block(episodes[0], None, config)
-    assert text == f"<hindsight>\nfinal_correctness: correct\nreference: {episodes[0].hindsight.reference}\n</hindsight>\n"
+    reference = episodes[0].hindsight.reference
+    assert text == f"<hindsight>\nfinal_correctness: correct\nreference: {reference}\n</hindsight>\n"
     bare = config.replace(hindsight_reference=False, hindsight_peer=False)
-    assert hindsight_block(episodes[1], episodes[0], bare)[0] == "<hindsight>\nfinal_correctness: incorrect\n</hindsight>\n"
+    assert hindsight_block(episodes[1], episodes[0], bare)[0] == \
+        "<hindsight>\nfinal_correctness: incorrect\n</hindsight>\n"
     short = config.replace(peer_max_chars=20)
     text, cut = hindsight_block(episodes[1], episodes[0], short)
     assert cut and "characters cut]" in text
@@ -190,7 +194,8 @@ def test_agentopsd_teacher_sequence_is_skill_prompt_then_the_row(qwen3):
     for seq in seqs:
         r = seq.row
         ep = episodes[int(rows.row_episode[r])]
-        teacher_prompt = render_prompt(qwen3, privileged_messages(episode_messages(ep, 0), skill_text(ep.env_id, ep.task_type)))
+        skill = skill_text(ep.env_id, ep.task_type)
+        teacher_prompt = render_prompt(qwen3, privileged_messages(episode_messages(ep, 0), skill))
         rest = qwen3.decode(rows.input_ids[r, int(rows.prompt_len[r]) : int(rows.length[r])].tolist())
         assert qwen3.decode(seq.ids.tolist()) == teacher_prompt + rest
         assert torch.equal(seq.ids[seq.target], rows.input_ids[r, seq.row_pos])
@@ -226,7 +231,8 @@ def test_stepopsd_strategies_give_the_per_turn_log_probs(qwen3, tiny, context, p
     """The prefix-cache and the packed teacher give, to 1e-5, what one sequence per turn (the student's
     prefix, the hindsight block, the span) gives, in float32, with and without the peer block."""
     episodes = group() if context == "full" else [
-        make_episode(UNICODE_RESPONSES, success=i == 0, episode_id=f"w{i}", group="W", context=context) for i in range(3)]
+        make_episode(UNICODE_RESPONSES, success=i == 0, episode_id=f"w{i}", group="W", context=context)
+        for i in range(3)]
     config = credit_config(ALFWORLD, "stepopsd", hindsight_peer=peer)
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     single = score_teacher(tiny, qwen3, episodes, rows, config, strategy="per-turn")
@@ -317,8 +323,9 @@ def test_agentopsd_shared_note_gives_the_one_sequence_per_row_log_probs(qwen3, t
             for i in range(3)]
     episodes = heat + cool
     if context != "full":
-        episodes = [make_episode(UNICODE_RESPONSES[: 4 - i % 3], success=i % 2 == 0, episode_id=f"w{i}", group=f"W{i % 2}",
-                                 task_type=("heat", "cool")[i % 2], context=context) for i in range(4)]
+        episodes = [make_episode(UNICODE_RESPONSES[: 4 - i % 3], success=i % 2 == 0, episode_id=f"w{i}",
+                                 group=f"W{i % 2}", task_type=("heat", "cool")[i % 2], context=context)
+                    for i in range(4)]
     config = credit_config(ALFWORLD, "agentopsd")
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     assert len(set(rows.length.tolist())) > 2  # rows of different lengths
@@ -386,7 +393,8 @@ def test_stepopsd_drops_the_peer_first_then_counts_unscored_turns(qwen3, tiny):
 
 @pytest.mark.parametrize("method", ["stepopsd", "agentopsd"])
 def test_window_rows_end_to_end(qwen3, tiny, method):
-    episodes = [make_episode(UNICODE_RESPONSES, success=i == 0, episode_id=f"w{i}", context="window:2") for i in range(3)]
+    episodes = [make_episode(UNICODE_RESPONSES, success=i == 0, episode_id=f"w{i}", context="window:2")
+                for i in range(3)]
     config = credit_config(ALFWORLD, method)
     rows = build_rows(episodes, qwen3, span_mode=config.span_mode)
     scores = score_teacher(tiny, qwen3, episodes, rows, config)

@@ -6,12 +6,13 @@ turns are matrix products). Works on CPU and CUDA tensors alike.
 The API (stable; the local trainer and the OpenRLHF bridge both call it)
 =========================================================================
 
-One update, end to end (trainer/rows.py and trainer/teacher.py build the inputs):
+One update, end to end (trainer/rows.py, trainer/forward.py and trainer/teacher.py build the inputs):
 
     from trainer.credit import compute_advantages
     from trainer.env_knowledge import credit_config
     from trainer.rows import build_rows
-    from trainer.teacher import score_teacher, row_logprobs
+    from trainer.forward import row_logprobs
+    from trainer.teacher import score_teacher
 
     config = credit_config(env_id, "stepopsd")                   # the env family's defaults
     rows = build_rows(episodes, tokenizer, span_mode=config.span_mode)   # TokenRows, [R, T]
@@ -23,7 +24,7 @@ One update, end to end (trainer/rows.py and trainer/teacher.py build the inputs)
         batch = rows.credit_batch(lp_S)
     advantages, diagnostics = compute_advantages(batch, config, step)   # [R, T] float32, dict
 
-Then a clipped policy-gradient loss over the tokens with `rows.turn_id >= 0` (ratio clip 0.2,
+Then a clipped policy-gradient loss over the tokens of `rows.generated_mask()` (ratio clip 0.2,
 token-mean). Compute advantages on the whole batch (groups must be complete: GRPO normalizes within
 them) and slice rows into micro-batches afterwards. A `CreditBatch` can also be built by hand from
 the same fields (see its docstring): that is what the OpenRLHF bridge does.

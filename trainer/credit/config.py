@@ -183,12 +183,6 @@ class CreditConfig:
         """StepOPSD, AgentOPSD and RLSD read teacher log-probs; GRPO and GiGPO do not."""
         return self.method in ("stepopsd", "agentopsd", "rlsd")
 
-    def lam_at(self, step: int) -> float:
-        """StepOPSD/RLSD's lam_t = lam_mix * max(0, 1 - step / decay_steps) (constant if decay_steps <= 0)."""
-        if self.decay_steps <= 0:
-            return float(self.lam_mix)
-        return float(self.lam_mix) * max(0.0, 1.0 - float(step) / float(self.decay_steps))
-
     def replace(self, **changes: Any) -> CreditConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

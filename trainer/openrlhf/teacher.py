@@ -16,9 +16,9 @@ Cost. OpenRLHF's `Actor.forward` takes padded rows (or unpads them itself with
 --ds.packing_samples), never a custom attention mask or a reused key/value cache, so StepOPSD's
 teacher here is one sequence per turn (the student's prefix, the block, the span): about
 sum_k (s_k + |block| + |span_k|) tokens, where the local trainer's prefix-cache scorer runs the
-prefix once (`trainer.teacher.score_inserts_with_prefix_cache`). The rows are sorted by length
+prefix once (`trainer.forward.score_inserts_with_prefix_cache`). The rows are sorted by length
 into micro-batches, so padding costs little. AgentOPSD's teacher is one sequence per episode here
-(the local trainer runs the shared skill note once, `trainer.teacher.score_sequences_with_shared_prefix`). The
+(the local trainer runs the shared skill note once, `trainer.forward.score_sequences_with_shared_prefix`). The
 sequences themselves are the credit core's (`trainer.teacher.build_teacher_sequences`); this module
 only runs them (see `trainer.openrlhf.credit_rows.teacher_logprobs`).
 """
@@ -60,7 +60,8 @@ def pad_rows(rows: Sequence[TeacherRow], pad_id: int) -> tuple[torch.Tensor, tor
     return sequences, attention, action
 
 
-def score_rows(actor_group, rows: Sequence[TeacherRow], micro_batch_size: int, pad_id: int, get=None) -> list[torch.Tensor]:
+def score_rows(actor_group, rows: Sequence[TeacherRow], micro_batch_size: int, pad_id: int,
+               get=None) -> list[torch.Tensor]:
     """Teacher log-probs of every row's scored tokens, from the actor group's `forward`.
 
     The rows go out as micro-batches of `micro_batch_size`, spread over the group's actors as
