@@ -20,6 +20,7 @@ import torch
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_text, read_jsonl_numbered
 from trainer.config import RESUMABLE_CHANGES, TrainConfig, TrainError
 from trainer.policy import load_policy
+from trainer.trainable import load_trainable_state, trainable_names, trainable_state, trains_everything
 
 __all__ = [
     "CHECKPOINT",
@@ -80,16 +81,18 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
 def save_checkpoint(run) -> None:
     """A `LocalTrainer` run's model, optimizer, teacher snapshot, KL reference, RNG states and
     progress, in one file written atomically (a crash leaves the previous checkpoint)."""
+    names = set(run.model.state_dict()) if trains_everything(run.model) else trainable_names(run.model)
     write_checkpoint(run.out, {
         "format": 1,
         "config": run.config.to_dict(),
         "step": run.step,
         "sft_done": run.sft_done,
         "evaluated_steps": sorted(run.evaluated_steps),
-        "model": run.model.state_dict(),
+        # the trained tensors only when the rest is the frozen base model (top layers, adapters)
+        "model": trainable_state(run.model, names),
         "optimizer": run.optimizer.state_dict(),
-        "teacher": None if run.teacher_model is None else run.teacher_model.state_dict(),
-        "reference": None if run.reference_model is None else run.reference_model.state_dict(),
+        "teacher": None if run.teacher_model is None else trainable_state(run.teacher_model, names),
+        "reference": None if run.reference_model is None else trainable_state(run.reference_model, names),
         "rng": {
             "trainer": run.rng.bit_generator.state,
             **rng_states(),
@@ -114,16 +117,18 @@ def load_checkpoint(run) -> None:
         run.model, run.tokenizer = load_policy(str(run.out / "init"), device=cfg.device, dtype=cfg.dtype)
     else:
         run.model, run.tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
-    run.model.load_state_dict(state["model"])
+    run.model = run.select_trainable(run.model)
+    load_trainable_state(run.model, state["model"])
     run.step = int(state["step"])
     run.sft_done = bool(state["sft_done"])
     run.evaluated_steps = set(state["evaluated_steps"])
     if run.sft_done:
+        # the copies are made from the policy as the checkpoint left it, then get their own tensors
         run.init_rl_models()
         if state["teacher"] is not None:
-            run.teacher_model.load_state_dict(state["teacher"])
+            load_trainable_state(run.teacher_model, state["teacher"])
         if state["reference"] is not None:
-            run.reference_model.load_state_dict(state["reference"])
+            load_trainable_state(run.reference_model, state["reference"])
     run.make_optimizer(cfg.lr if run.sft_done else cfg.sft_lr)
     run.optimizer.load_state_dict(state["optimizer"])
     rng = state["rng"]

@@ -9,7 +9,9 @@ from typing import Any
 import agentgym_opsd
 from trainer.credit.config import METHODS
 
-__all__ = ["TrainConfig", "TrainError", "RESUMABLE_CHANGES"]
+__all__ = ["TrainConfig", "TrainError", "RESUMABLE_CHANGES", "AUTOCAST"]
+
+AUTOCAST = ("none", "bf16", "auto")
 
 
 class TrainError(ValueError):
@@ -24,8 +26,15 @@ class TrainConfig:
         env_id, env_options: the training env and its `gymnasium.make` keywords.
         eval_env_options: keywords overriding `env_options` for the held-out panel (e.g. a split).
         method: grpo, gigpo, stepopsd or agentopsd; credit: overrides of `CreditConfig` fields.
-        model: a local transformers model folder, or `tiny`; tokenizer/vocab_size/tiny_*: the tiny
-            model's tokenizer (folder, `trained`, `auto`) and sizes.
+        model: a local transformers model folder, a named model (`smollm2-135m`, trainer/models.py),
+            or `tiny`; tokenizer/vocab_size/tiny_*: the tiny model's tokenizer (folder, `trained`,
+            `auto`) and sizes.
+        train_layers, lora_rank, lora_layers, lora_alpha: which weights train (`trainer.trainable`):
+            all (0, 0), the top `train_layers` decoder layers, or LoRA adapters of rank `lora_rank`
+            on every layer or the top `lora_layers`.
+        autocast: `none`, `bf16` (matrix products in bfloat16, weights and optimizer in float32:
+            about twice the tokens/s on a CPU with AMX or AVX512-BF16 units), or `auto` (bf16 where
+            the CPU has such units, none elsewhere).
         context: the context policy (`full` or `window:k`).
         sft_*: supervised warm start on expert episodes (0 episodes: none); sft_noise: the chance
             that a turn of an expert episode is a random admissible action instead (a detour the
@@ -97,6 +106,11 @@ class TrainConfig:
     num_envs: int = 0
     cpu_threads: int = 1
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    train_layers: int = 0
+    lora_rank: int = 0
+    lora_layers: int = 0
+    lora_alpha: float = 0.0
+    autocast: str = "none"
     credit_records: bool = True
 
     def validate(self) -> None:
@@ -127,6 +141,15 @@ class TrainConfig:
             raise TrainError(f"--sft-privileged-context {self.sft_privileged_context!r}: "
                              f"use one of {', '.join(PRIVILEGED_CONTEXTS)}")
         agentgym_opsd.ContextPolicy.parse(self.context)
+        if self.autocast not in AUTOCAST:
+            raise TrainError(f"--autocast {self.autocast!r}: use one of {', '.join(AUTOCAST)}")
+        for name in ("train_layers", "lora_rank", "lora_layers"):
+            if getattr(self, name) < 0:
+                raise TrainError(f"--{name.replace('_', '-')} must be >= 0")
+        if self.train_layers and self.lora_rank:
+            raise TrainError("choose one: --train-layers K (the top K layers) or --lora-rank R (adapters)")
+        if self.lora_layers and not self.lora_rank:
+            raise TrainError("--lora-layers needs --lora-rank > 0")
         self.credit_config()
 
     def credit_config(self):
@@ -156,4 +179,5 @@ class TrainConfig:
 
 
 # Settings a resumed run may change (the rest must match the checkpoint's run).
-RESUMABLE_CHANGES = {"steps", "eval_every", "save_every", "out", "device", "num_envs", "cpu_threads", "credit_records"}
+RESUMABLE_CHANGES = {"steps", "eval_every", "save_every", "out", "device", "num_envs", "cpu_threads", "credit_records",
+                     "autocast"}

@@ -131,7 +131,25 @@ class LocalTrainer:
             with atomic_directory(self.out / "init") as tmp:
                 self.model.save_pretrained(tmp)
                 self.tokenizer.save_pretrained(tmp)
+        self.model = self.select_trainable(self.model)
         self.make_optimizer(cfg.lr)
+
+    def select_trainable(self, model):
+        """The weights this run trains: all, the top layers, or LoRA adapters (`trainer.trainable`)."""
+        from trainer.trainable import TrainableError, select_trainable
+
+        cfg = self.config
+        try:
+            return select_trainable(model, train_layers=cfg.train_layers, lora_rank=cfg.lora_rank,
+                                    lora_layers=cfg.lora_layers, lora_alpha=cfg.lora_alpha)
+        except TrainableError as e:
+            raise TrainError(str(e)) from None
+
+    def compute(self):
+        """The context the run's forward and backward passes run in (`--autocast`)."""
+        from trainer.policy import autocast_context
+
+        return autocast_context(self.config.autocast, next(self.model.parameters()).device)
 
     def _tokenizer_corpus(self) -> list[str]:
         """Text to train a tokenizer on: the env's instructions and the turns of expert episodes (or
@@ -148,7 +166,8 @@ class LocalTrainer:
 
     def make_optimizer(self, lr: float) -> None:
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, weight_decay=self.config.weight_decay, betas=(0.9, 0.99)
+            [p for p in self.model.parameters() if p.requires_grad], lr=lr, weight_decay=self.config.weight_decay,
+            betas=(0.9, 0.99),
         )
 
     def init_rl_models(self) -> None:
@@ -286,8 +305,10 @@ class LocalTrainer:
     def finish(self) -> dict[str, Any]:
         from trainer.plots import plot_run
 
-        with atomic_directory(self.out / "model") as tmp:  # `hf:OUT/model` is whole or absent
-            self.model.save_pretrained(tmp)
+        from trainer.trainable import merged_for_saving
+
+        with atomic_directory(self.out / "model") as tmp:  # `hf:OUT/model` is whole or absent, adapters merged
+            merged_for_saving(self.model).save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
         evals = [r for _, r in read_jsonl_numbered(self.out / "metrics.jsonl") if r.get("kind") == "eval"]
         report = {
@@ -330,10 +351,11 @@ class LocalTrainer:
             for j, s in enumerate(seeds)
             for i in range(cfg.group_size)
         ]
-        episodes = run_episodes(
-            self.make_env, self.rollout_agent, requests, num_envs=cfg.num_envs or len(requests),
-            context=cfg.context, progress=f"rollout {self.step + 1}" if self.progress else False,
-        )
+        with self.compute():
+            episodes = run_episodes(
+                self.make_env, self.rollout_agent, requests, num_envs=cfg.num_envs or len(requests),
+                context=cfg.context, progress=f"rollout {self.step + 1}" if self.progress else False,
+            )
         self.rollout_agent.annotate(episodes)
         return episodes
 
@@ -350,8 +372,9 @@ class LocalTrainer:
         rollout's temperature: the one scoring path the teacher uses too (`trainer.forward`)."""
         from trainer.forward import row_logprobs
 
-        return row_logprobs(model, rows, micro_batch_tokens=self.config.micro_batch_tokens,
-                            temperature=self._train_temperature())
+        with self.compute():
+            return row_logprobs(model, rows, micro_batch_tokens=self.config.micro_batch_tokens,
+                                temperature=self._train_temperature())
 
     def _train_temperature(self) -> float:
         return self.config.temperature if self.config.temperature > 0 else 1.0
@@ -367,8 +390,10 @@ class LocalTrainer:
             return None
         from trainer.teacher import score_teacher
 
-        return score_teacher(self.teacher(), self.tokenizer, list(episodes), rows, self.credit, strategy=strategy,
-                             micro_batch_tokens=self.config.micro_batch_tokens, temperature=self._train_temperature())
+        with self.compute():
+            return score_teacher(self.teacher(), self.tokenizer, list(episodes), rows, self.credit, strategy=strategy,
+                                 micro_batch_tokens=self.config.micro_batch_tokens,
+                                 temperature=self._train_temperature())
 
     def advantages(self, episodes, rows, old_logp, scores=None) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
         """Per-token advantages from the credit core (`compute_advantages`), its diagnostics, and
@@ -401,8 +426,10 @@ class LocalTrainer:
                ref_logp: torch.Tensor | None) -> dict[str, float]:
         """The clipped policy-gradient update on this batch (`trainer.loss.ppo_update`): `ppo_epochs`
         passes, each `mini_batches` optimizer steps, at this update's learning rate."""
-        return ppo_update(self.model, self.optimizer, rows, old_logp, advantages, ref_logp, config=self.config,
-                          lr=self.learning_rate(self.step + 1), step=self.step, temperature=self._train_temperature())
+        with self.compute():
+            return ppo_update(self.model, self.optimizer, rows, old_logp, advantages, ref_logp, config=self.config,
+                              lr=self.learning_rate(self.step + 1), step=self.step,
+                              temperature=self._train_temperature())
 
     # -- evaluation and logging -------------------------------------------------------------
 
@@ -414,10 +441,11 @@ class LocalTrainer:
         seeds = list(cfg.eval_seeds) if cfg.eval_seeds else [cfg.eval_seed + i for i in range(cfg.eval_episodes)]
         requests = [EpisodeRequest(seed=int(s), episode_id=f"eval{self.step}-{i}") for i, s in enumerate(seeds)]
         started = time.perf_counter()
-        episodes = run_episodes(
-            self.make_eval_env, agent, requests, num_envs=cfg.num_envs or min(64, len(requests)), context=cfg.context,
-            progress=f"eval @ {self.step}" if self.progress else False,
-        )
+        with self.compute():
+            episodes = run_episodes(
+                self.make_eval_env, agent, requests, num_envs=cfg.num_envs or min(64, len(requests)),
+                context=cfg.context, progress=f"eval @ {self.step}" if self.progress else False,
+            )
         save_episodes(self.out / "episodes" / f"eval_{self.step:05d}.jsonl", episodes)
         summary = summarize(episodes, env_id=cfg.env_id, agent=agent.name)
         record = {

@@ -45,6 +45,14 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--vocab-size", type=int, help="size of a trained tokenizer (default 2048)")
     g.add_argument("--tiny-hidden", type=int, help="hidden size (default 64)")
     g.add_argument("--tiny-layers", type=int, help="layers (default 2)")
+    g = p.add_argument_group("trained weights and speed")
+    g.add_argument("--train-layers", type=int, help="train only the top K decoder layers and the final norm (default 0: all)")
+    g.add_argument("--lora-rank", type=int, help="train LoRA adapters of rank R instead (peft; the saved model is merged)")
+    g.add_argument("--lora-layers", type=int, help="with --lora-rank: adapt only the top K layers (default 0: all)")
+    g.add_argument("--lora-alpha", type=float, help="LoRA scale numerator (default: twice the rank)")
+    g.add_argument("--autocast", choices=("none", "bf16", "auto"),
+                   help="matrix products in bfloat16 (weights and optimizer stay float32): about 2x faster on CPUs "
+                   "with AMX/AVX512-BF16; auto: where the CPU has them (default none)")
     g = p.add_argument_group("env")
     g.add_argument("--option", action="append", metavar="KEY=VALUE", help="gymnasium.make keyword for training envs")
     g.add_argument("--eval-option", action="append", metavar="KEY=VALUE",

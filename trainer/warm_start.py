@@ -278,8 +278,9 @@ def sft(run) -> dict[str, Any]:
     sft_rng = np.random.default_rng(cfg.seed + 7)
     pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
     for epoch in range(cfg.sft_epochs):
-        loss_value = sft_epoch(run.model, run.optimizer, examples, sft_rng, pad_token_id=pad,
-                               batch_tokens=cfg.sft_batch_tokens, max_grad_norm=cfg.max_grad_norm)
+        with run.compute():
+            loss_value = sft_epoch(run.model, run.optimizer, examples, sft_rng, pad_token_id=pad,
+                                   batch_tokens=cfg.sft_batch_tokens, max_grad_norm=cfg.max_grad_norm)
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}")
         run.log({"kind": "sft", "step": 0, "sft/epoch": epoch + 1, "sft/loss": loss_value})

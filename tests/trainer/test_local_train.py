@@ -156,12 +156,21 @@ class Killed(Exception):
     pass
 
 
+WEIGHTS = {  # which weights train (trainer.trainable): all, the top layer, LoRA adapters
+    "all": {},
+    "top-layer": {"tiny_layers": 2, "train_layers": 1},
+    "lora": {"tiny_layers": 2, "lora_rank": 4},
+}
+
+
+@pytest.mark.parametrize("weights", list(WEIGHTS))
 @pytest.mark.parametrize("method", ["stepopsd"])
-def test_a_killed_and_resumed_run_equals_an_unbroken_one(tmp_path, method) -> None:
+def test_a_killed_and_resumed_run_equals_an_unbroken_one(tmp_path, method, weights) -> None:
     """Killed in the middle of update 3 (after its rollout), then resumed from the update-2
-    checkpoint: model, optimizer, teacher snapshot, KL reference, RNG and metrics all match."""
+    checkpoint: model, optimizer, teacher snapshot, KL reference, RNG and metrics all match; with
+    only some weights trained, the checkpoint holds only those."""
     changes = dict(method=method, steps=4, kl_coef=0.05, eval_episodes=4, eval_every=2, mini_batches=2,
-                   sft_episodes=4, sft_epochs=1, credit={"teacher_refresh": 3}, save_every=1)
+                   sft_episodes=4, sft_epochs=1, credit={"teacher_refresh": 3}, save_every=1, **WEIGHTS[weights])
     unbroken = LocalTrainer(config(tmp_path / "a", **changes), progress=False)
     unbroken.run()
 
@@ -197,6 +206,10 @@ def test_a_killed_and_resumed_run_equals_an_unbroken_one(tmp_path, method) -> No
     assert len(updates) == 4 and all(r["optimizer_steps"] == 2 for r in updates)  # two mini-batches each
     a_eps = (tmp_path / "a" / "episodes" / "update_00004.jsonl").read_text()
     assert a_eps == (tmp_path / "b" / "episodes" / "update_00004.jsonl").read_text()
+    saved = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
+    trained = {n for n, p in resumed.model.named_parameters() if p.requires_grad}
+    assert set(saved["model"]) == (set(resumed.model.state_dict()) if weights == "all" else trained)
+    assert set(saved["teacher"]) == set(saved["reference"]) == set(saved["model"])
 
 
 def test_resume_refuses_other_settings_and_a_fresh_run_refuses_an_old_directory(tmp_path) -> None:
