@@ -1,7 +1,8 @@
 """Which weights to train, in which precision: tokens/s of an SFT pass and of an RL update, and quality at equal budget.
 
-    .venv/bin/python benchmarks/train_speed.py --quick        # 4 episodes, 2 rounds, 24 + 8 quality episodes
-    .venv/bin/python benchmarks/train_speed.py                # 12 episodes, 3 rounds, 120 + 40 quality episodes
+    .venv/bin/python benchmarks/train_speed.py --quick        # 4 episodes, 2 rounds, 24 + 8 quality episodes (~30 min here)
+    .venv/bin/python benchmarks/train_speed.py                # 12 episodes, 2 rounds, 120 + 40 quality episodes
+    .venv/bin/python benchmarks/train_speed.py --rates 2      # also a third of each choice's learning rate
 
 Model: `--model` (default `smollm2-135m`, SmolLM2-135M-Instruct, 30 layers) in float32 weights, on the CPU,
 torch on one thread (`torch.set_num_threads(1)`; a second thread beside another job's is many times
@@ -29,7 +30,7 @@ slower on this 2-core machine).
    rows repeat the instructions, the time ratio, not a token-rate ratio).
 3. Quality at equal budget: each choice (in bf16 when it measured faster, else fp32) fine-tunes a fresh
    copy for one epoch on the expert's own turns of `--quality-episodes` Q successful expert episodes
-   (p = 0.25 detours, as the warm start) at its learning rate (`--rates 2`: also 3x that rate, the
+   (p = 0.25 detours, as the warm start) at its learning rate (`--rates 2`: also a third of it, the
    better one chosen on `--val-episodes` valid_seen games that are not among the held-out ones). Then
    on the expert's own turns of `--held-out` H successful episodes of valid_seen games (other games):
    NLL per target token, and the turn exact-match rate: the share of held-out turns where every token
@@ -69,7 +70,8 @@ CHOICES: dict[str, dict[str, int]] = {
     "lora16-all": {"lora_rank": 16},
     "lora16-top8": {"lora_rank": 16, "lora_layers": 8},
 }
-# the learning rate each choice fine-tunes at (`--rates 2` also tries 3x)
+# the learning rate each choice fine-tunes at (`--rates 2` also tries a third of it; 3x diverged in a --quick run:
+# held-out NLL 1.0-2.1 against 0.65-0.69, one epoch of AdamW without warm-up)
 RATES = {"full": 5e-5, "top-8": 1e-4, "top-4": 1e-4, "lora16-all": 1e-3, "lora16-top8": 1e-3}
 AUTOCAST = {"fp32": "none", "bf16": "bf16"}
 QUALITY_TOLERANCE = 0.02  # equal quality: the NLL difference's interval reaches within 2% of the best NLL
@@ -79,16 +81,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="a named model or a transformers folder")
     ap.add_argument("--quick", action="store_true",
-                    help="4 episodes, 2 rounds, 24 quality episodes, 8 held out (the numbers given explicitly win)")
+                    help="4 episodes, 24 quality episodes, 8 held out (the numbers given explicitly win)")
     ap.add_argument("--out", default="runs/train_speed")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved speed rounds (default 3; --quick 2)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved speed rounds")
     ap.add_argument("--episodes", type=int, default=None, help="episodes in the speed rows (default 12; --quick 4)")
     ap.add_argument("--quality-episodes", type=int, default=None, help="Q fine-tuning episodes (default 120; --quick 24)")
     ap.add_argument("--held-out", type=int, default=None, help="H held-out episodes (default 40; --quick 8)")
     ap.add_argument("--val-episodes", type=int, default=None,
                     help="episodes that choose between the rates with --rates 2 (default 12; --quick 4)")
     ap.add_argument("--rates", type=int, choices=(1, 2), default=1,
-                    help="learning rates tried per choice: 1 (the choice's own) or 2 (also 3x it)")
+                    help="learning rates tried per choice: 1 (the choice's own) or 2 (also a third of it)")
     ap.add_argument("--choices", default=",".join(CHOICES),
                     help=f"comma-separated subset of {', '.join(CHOICES)} (full is always measured: the baseline)")
     ap.add_argument("--precisions", default="auto", help="fp32, bf16, or auto: fp32 and bf16 where the CPU has bf16 units")
@@ -99,11 +101,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true", help="reuse OUT/partial.json from a run with the same arguments")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     args = ap.parse_args(argv)
-    defaults = {"rounds": (3, 2), "episodes": (12, 4), "quality_episodes": (120, 24), "held_out": (40, 8),
+    defaults = {"episodes": (12, 4), "quality_episodes": (120, 24), "held_out": (40, 8),
                 "val_episodes": (12, 4)}
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
+    for name in ("rounds", *defaults):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.episodes < 2:
@@ -458,6 +461,12 @@ def main(argv=None) -> int:
         f"{tokens} tokens, {int(rows.generated_mask().sum())} generated, {int(target.sum())} SFT targets (the expert's "
         f"own turns); window:2: {window_rows.num_rows} rows, {window_tokens} tokens")
 
+    trained = {}
+    for choice in args.choices:  # what each choice trains
+        model, _ = bench.fresh(choice)
+        trained[choice] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        del model
+
     # 2. Speed: every choice x precision, interleaved rounds
     cases = [(c, p) for p in precisions for c in args.choices]
     samples: dict[str, list[dict]] = {}
@@ -554,10 +563,10 @@ def main(argv=None) -> int:
         if "quality/base" not in done:
             keep("quality/base", bench.held_out(bench.base, *evals["held_out"][:2], quality_precision))
         quality["untrained"] = done["quality/base"]
-        runs = [(c, RATES[c] * f) for c in args.choices for f in ((1.0, 3.0) if args.rates == 2 else (1.0,))]
+        runs = [(c, RATES[c] * f) for c in args.choices for f in ((1.0, 1 / 3) if args.rates == 2 else (1.0,))]
         bar = tqdm(total=len(runs), desc="quality fine-tunes", unit="run", disable=not args.progress)
         for choice, lr in runs:
-            key = f"quality/{choice}/{lr:g}"
+            key = f"quality/{choice}/{lr:.3g}"
             bar.set_postfix_str(f"{choice} lr {lr:g}")
             if key not in done:
                 model, optimizer = bench.fresh(choice)
@@ -588,14 +597,14 @@ def main(argv=None) -> int:
     say()
     say(f"Speed: tokens/s of one pass over {tokens} row tokens = tokens / process CPU s (1 thread); min (best time) and "
         f"median over {args.rounds} rounds; x full = full-FT fp32's best time / this one's")
-    header = f"{'choice':<13} {'prec':<5} {'SFT tok/s':>10} {'median':>7} {'x full':>7} {'RL tok/s':>9} {'median':>7} {'x full':>7}"
+    header = f"{'choice':<13} {'trained':>8} {'prec':<5} {'SFT tok/s':>10} {'median':>7} {'x full':>7} {'RL tok/s':>9} {'median':>7} {'x full':>7}"
     say(header)
     for r in table:
         if not r["case"].endswith("/sft"):
             continue
         choice, precision, _ = r["case"].split("/")
         rl = rl_table[f"{choice}/{precision}/rl"]
-        say(f"{choice:<13} {precision:<5} {r['tok_s_min_time']:>10.0f} {r['tok_s_median']:>7.0f} {r['x_baseline']:>7.2f} "
+        say(f"{choice:<13} {trained[choice] / 1e6:>7.2f}M {precision:<5} {r['tok_s_min_time']:>10.0f} {r['tok_s_median']:>7.0f} {r['x_baseline']:>7.2f} "
             f"{rl['tok_s_min_time']:>9.0f} {rl['tok_s_median']:>7.0f} {rl['x_baseline']:>7.2f}")
     base_sft, base_rl = summary["full/fp32/sft"]["cpu_s_min"], summary["full/fp32/rl"]["cpu_s_min"]
     say()
@@ -661,7 +670,7 @@ def main(argv=None) -> int:
         "rows": {"episodes": len(episodes), "successes": sum(e.success for e in episodes), "rows": rows.num_rows,
                  "tokens": tokens, "generated": int(rows.generated_mask().sum()), "sft_targets": int(target.sum()),
                  "window_rows": window_rows.num_rows, "window_tokens": window_tokens},
-        "speed": {"summary": table, "samples": samples}, "fastest": {"choice": fastest, "precision": fastest_precision},
+        "trained_parameters": trained, "speed": {"summary": table, "samples": samples}, "fastest": {"choice": fastest, "precision": fastest_precision},
         "variants": {"summary": extra_summary, "samples": extra_samples, "logprob_sums": checks},
         "quality": {"precision": quality_precision, "results": quality, "tolerance": QUALITY_TOLERANCE,
                     "rates": {c: RATES[c] for c in args.choices}} if args.quality else None,

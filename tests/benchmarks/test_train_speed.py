@@ -34,7 +34,7 @@ def test_quick_sizes_and_explicit_numbers():
     quick = train_speed.parse_args(["--quick"])
     assert (quick.episodes, quick.rounds, quick.quality_episodes, quick.held_out) == (4, 2, 24, 8)
     full = train_speed.parse_args([])
-    assert (full.episodes, full.rounds, full.quality_episodes, full.held_out) == (12, 3, 120, 40)
+    assert (full.episodes, full.rounds, full.quality_episodes, full.held_out) == (12, 2, 120, 40)
     mixed = train_speed.parse_args(["--quick", "--rounds", "5", "--held-out", "3"])
     assert (mixed.episodes, mixed.rounds, mixed.held_out) == (4, 5, 3)
 
