@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import agentgym_opsd
-from agentgym_opsd.app.bench import ConfigError, config_from_dict, load_config, run_bench
+from agentgym_opsd.app.bench import run_bench
+from agentgym_opsd.app.bench_config import ConfigError, config_from_dict, load_config
 from agentgym_opsd.app.cli import main
 from agentgym_opsd.episode import load_episodes
 

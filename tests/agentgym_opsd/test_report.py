@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import agentgym_opsd
-from agentgym_opsd.app.bench import config_from_dict, run_bench
+from agentgym_opsd.app.bench import run_bench
+from agentgym_opsd.app.bench_config import config_from_dict
 from agentgym_opsd.app.report import check_credit, credit_record, write_report
 from agentgym_opsd.episode import load_episodes, save_episodes
 from agentgym_opsd.io import append_jsonl
