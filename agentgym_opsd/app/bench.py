@@ -192,7 +192,7 @@ def _check_agents(config: BenchConfig) -> None:
     """Every agent's name checked without loading a model (`check_agent`): a wrong one is a
     ConfigError before the envs are built and before the other agents play."""
     from agentgym_opsd.agents import AgentError
-    from agentgym_opsd.app.agents import check_agent
+    from agentgym_opsd.app.cli_agents import check_agent
 
     for spec in config.agents:
         try:

@@ -36,7 +36,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise _cli_error("--workers must be >= 0")
         config = dataclasses.replace(config, workers=args.workers)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    from agentgym_opsd.app.agents import build_agent
+    from agentgym_opsd.app.cli_agents import build_agent
 
     if args.cpu_threads is not None and args.cpu_threads < 0:
         raise _cli_error(f"--cpu-threads must be >= 0, got {args.cpu_threads}")
@@ -71,7 +71,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", help="folder the config's data paths (data_file, catalog, index_dir, ...) are read "
                                        "from and may not leave (default: the config's folder)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
-    from agentgym_opsd.app.agents import CPU_THREADS_HELP
+    from agentgym_opsd.app.cli_agents import CPU_THREADS_HELP
 
     p.add_argument("--cpu-threads", type=int, metavar="N", help=CPU_THREADS_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
