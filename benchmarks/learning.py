@@ -98,26 +98,6 @@ def rl_run(config_fields: dict, progress: bool) -> float:
     return time.perf_counter() - t0
 
 
-def twin_free_seeds(env_id: str, train_options: dict, eval_options: dict, n_eval: int) -> tuple[list[int], int]:
-    """The first `n_eval` held-out games' reset seeds, minus the games whose (goal, expert plan) is
-    also a training game's; and how many were dropped."""
-    import agentgym_opsd
-
-    def key(env, seed):
-        env.reset(seed=seed)
-        lines = env.unwrapped.hindsight().reference.splitlines()
-        return tuple(line for line in lines if line.startswith(("Goal:", "Expert plan")))
-
-    train = agentgym_opsd.make(env_id, **train_options)
-    known = {key(train, s) for s in range(train.unwrapped.num_tasks)}
-    train.close()
-    held = agentgym_opsd.make(env_id, **eval_options)
-    seeds = [s for s in range(min(n_eval, held.unwrapped.num_tasks)) if key(held, s) not in known]
-    dropped = min(n_eval, held.unwrapped.num_tasks) - len(seeds)
-    held.close()
-    return seeds, dropped
-
-
 def final_outcomes(run_dir: Path, steps: int) -> list[int]:
     """Success (0/1) per held-out game, in seed order, at the last update."""
     from agentgym_opsd.episode import load_episodes
@@ -149,6 +129,7 @@ def sign_test(a, b) -> tuple[int, int, float]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import numpy as np
+    from held_out_games import twin_free_seeds
 
     import agentgym_opsd
     from agentgym_opsd.io import atomic_write_json, atomic_write_text

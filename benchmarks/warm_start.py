@@ -28,7 +28,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ENV = "agentgym/ALFWorld-Pick-v0"
 
@@ -60,12 +59,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
+    from held_out_games import twin_free_seeds
 
     import agentgym_opsd
     from agentgym_opsd.io import atomic_write_json
     from agentgym_opsd.rollout import EpisodeRequest, run_episodes
     from agentgym_opsd.summary import summarize
-    from learning import twin_free_seeds
     from trainer.config import TrainConfig, TrainError
     from trainer.local import LocalTrainer
     from trainer.policy import load_policy
