@@ -27,8 +27,10 @@
    plan, target product, gold answer), `outcome only` (the block without peer and reference) and
    `placebo` (the same block with another task's reference and peer: each episode reads the reference
    of an episode of the next task with the same outcome, see `placebo_episodes`); AgentOPSD's skill
-   note and a placebo note (the general note, then another family's note of the closest length instead
-   of the family's, see `placebo_note_text`). Each is scored over the whole response (`clean_step`);
+   note (the project's general note, then the family's note for the task type), a placebo family note
+   (the general note, then another family's note of the closest length) and a placebo note (two other
+   families' notes in place of both: no project text; see `placebo_note_text`). Each is scored over the
+   whole response (`clean_step`);
    where the family scores only the action (`action_only`) and every action starts its response (no
    reasoning before it: the experts' turns), the action span's teacher context is the same, so its
    log-probs are read from that pass (otherwise it gets its own).
@@ -109,7 +111,7 @@ FAMILIES: dict[str, FamilySpec] = {
 
 COLUMNS = ("turn/success/within", "turn/failure/within", "token/success", "token/failure")
 HINDSIGHT_CONTEXTS = {"full": "hindsight full", "outcome": "hindsight outcome only", "placebo": "hindsight placebo"}
-NOTE_CONTEXTS = {"skills": "skill note", "skills-placebo": "placebo note"}
+NOTE_CONTEXTS = {"skills": "skill note", "skills-placebo": "placebo family note", "skills-placebo-all": "placebo note"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -360,13 +362,18 @@ def note_file_name(task_type: str) -> str:
     return str(task_type).strip().lower().replace("-", "_").replace(" ", "_") + ".txt"
 
 
-def placebo_note_text(spec: FamilySpec, task_type: str) -> tuple[str, str]:
+def placebo_note_text(spec: FamilySpec, task_type: str | None, exclude: Sequence[str] = ()) -> tuple[str, str]:
     """Another family's skill note of the length closest to the family's own note for `task_type` (to the
-    empty note where the family has none). Returns (the note, `env id:task type` it comes from)."""
+    empty note where the family has none; to the general note for `task_type` None), other than the
+    sources in `exclude`. Returns (the note, `env id:task type` it comes from)."""
     from agentgym_opsd.registry import entry
+    from trainer.env_knowledge import SKILLS_DIR
 
-    own = entry(spec.env).skill_notes
-    own_len = len((own(task_type) if own else None) or "")
+    if task_type is None:
+        own_len = len((Path(SKILLS_DIR) / "general.txt").read_text(encoding="utf-8").strip())
+    else:
+        own = entry(spec.env).skill_notes
+        own_len = len((own(task_type) if own else None) or "")
     pool = []
     for other in FAMILIES.values():
         if other.name == spec.name:
@@ -374,7 +381,7 @@ def placebo_note_text(spec: FamilySpec, task_type: str) -> tuple[str, str]:
         notes = entry(other.env).skill_notes
         for kind in other.note_types:
             text = notes(kind) if notes else None
-            if text:
+            if text and f"{other.env}:{kind}" not in exclude:
                 pool.append((abs(len(text) - own_len), f"{other.env}:{kind}", text))
     if not pool:
         raise ValueError(f"no other family's skill note to use as {spec.name}'s placebo")
@@ -382,16 +389,21 @@ def placebo_note_text(spec: FamilySpec, task_type: str) -> tuple[str, str]:
     return text, source
 
 
-def write_placebo_notes(folder: Path, spec: FamilySpec, task_types: Sequence[str]) -> dict[str, str]:
-    """A `skills_dir` (`CreditConfig.skills_dir`) with the project's general note and, per task type, the
-    placebo note. Returns {task type: the note's source}."""
+def write_placebo_notes(folder: Path, spec: FamilySpec, task_types: Sequence[str], *, general: bool = False) -> dict:
+    """A `skills_dir` (`CreditConfig.skills_dir`) whose note is a placebo: per task type, another family's
+    note in place of the family's; with `general`, another one in place of the project's general note too
+    (no project text left). Returns {task type or "general": the source of its note}."""
     from agentgym_opsd.io import atomic_write_text
     from trainer.env_knowledge import SKILLS_DIR
 
-    atomic_write_text(folder / "general.txt", (Path(SKILLS_DIR) / "general.txt").read_text(encoding="utf-8"))
     sources = {}
+    if general:
+        text, sources["general"] = placebo_note_text(spec, None)
+        atomic_write_text(folder / "general.txt", text + "\n")
+    else:
+        atomic_write_text(folder / "general.txt", (Path(SKILLS_DIR) / "general.txt").read_text(encoding="utf-8"))
     for kind in sorted(set(task_types)):
-        text, sources[kind] = placebo_note_text(spec, kind)
+        text, sources[kind] = placebo_note_text(spec, kind, exclude=list(sources.values()))
         atomic_write_text(folder / note_file_name(kind), text + "\n")
     return sources
 
@@ -524,6 +536,24 @@ def rows_digest(rows) -> str:
     h = hashlib.sha256()
     h.update(rows.input_ids.cpu().numpy().tobytes())
     h.update(rows.span.cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def context_digest(episodes, config, rows_hash: str) -> str:
+    """A fingerprint of what a teacher pass reads: the rows, and the privileged text each episode gets (the
+    hindsight blocks with their peers, or the skill notes), so that a changed placebo is never read from the cache."""
+    from trainer.env_knowledge import skill_text
+    from trainer.teacher import hindsight_block, peer_episodes
+
+    h = hashlib.sha256(rows_hash.encode())
+    if config.method == "agentopsd":
+        for e in episodes:
+            h.update(skill_text(e.env_id, e.task_type, config.skills_dir).encode())
+    else:
+        peers = peer_episodes(episodes) if config.hindsight_peer else {}
+        for i, e in enumerate(episodes):
+            h.update(hindsight_block(e, episodes[peers[i]] if i in peers else None, config)[0].encode())
+    h.update(f"{config.span_mode}|{config.peer_format}|{config.peer_max_chars}".encode())
     return h.hexdigest()[:16]
 
 
@@ -704,10 +734,12 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
                                             hindsight_peer=False, **common)),
         "placebo": (placebo_episodes(episodes), credit_config(spec.env, "stepopsd", span_mode="clean_step", **common)),
     }
-    note_sources = write_placebo_notes(cache / "placebo-notes", spec, [e.task_type for e in episodes])
+    types = [e.task_type for e in episodes]
+    note_sources = {"family note": write_placebo_notes(cache / "placebo-notes", spec, types),
+                    "whole note": write_placebo_notes(cache / "placebo-notes-all", spec, types, general=True)}
     contexts["skills"] = (episodes, credit_config(spec.env, "agentopsd", **common))
-    contexts["skills-placebo"] = (episodes, credit_config(spec.env, "agentopsd", skills_dir=str(cache / "placebo-notes"),
-                                                          **common))
+    for name, folder in (("skills-placebo", "placebo-notes"), ("skills-placebo-all", "placebo-notes-all")):
+        contexts[name] = (episodes, credit_config(spec.env, "agentopsd", skills_dir=str(cache / folder), **common))
     # The action span's hindsight context is the whole response's when every action starts its response.
     same_start = action_mode == "clean_step" or spans_start_together(action_rows, clean)
     steps = ["student", *contexts] + ([] if same_start else [f"{c}-{action_mode}" for c in HINDSIGHT_CONTEXTS])
@@ -732,7 +764,7 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
             return {"logprobs": scores.logprobs, "scored": scores.scored, "truncated": int(scores.truncated),
                     "stats": scores.stats()}
 
-        passes[name] = cached_scores(cache / f"teacher-{name}.pt", rows_digest(rows), score, log)
+        passes[name] = cached_scores(cache / f"teacher-{name}.pt", context_digest(eps, config, rows_digest(rows)), score, log)
     bar.close()
     student = passes["student"]["logprobs"]
 
@@ -761,7 +793,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
         "stepopsd placebo": ("stepopsd", action_rows, "placebo", {}),
         "stepopsd-nobudget": ("stepopsd", action_rows, "full", {"budget": False}),
         "agentopsd": ("agentopsd", clean, "skills", {}),
-        "agentopsd placebo note": ("agentopsd", clean, "skills-placebo", {}),
+        "agentopsd placebo family note": ("agentopsd", clean, "skills-placebo", {}),
+        "agentopsd placebo note": ("agentopsd", clean, "skills-placebo-all", {}),
         "rlsd": ("rlsd", clean, "full", {}),
     }
     items: dict[str, EpisodeItems] = {}
@@ -795,10 +828,12 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
         results[row] = entry
 
     for name, it in items.items():
-        add_row(name, None if name == "stepopsd" else it.turn_credit,
+        budgeted = name.startswith("stepopsd") and name != "stepopsd-nobudget"  # judged at token level only
+        add_row(name, None if budgeted else it.turn_credit,
                 it.token_credit if any(x is not None for x in it.token_credit) else None)
     evidence_rows = {"evidence: hindsight full": "stepopsd", "evidence: hindsight outcome only": "stepopsd outcome only",
                      "evidence: hindsight placebo": "stepopsd placebo", "evidence: skill note": "agentopsd",
+                     "evidence: placebo family note": "agentopsd placebo family note",
                      "evidence: placebo note": "agentopsd placebo note"}
     for row, source in evidence_rows.items():
         add_row(row, items[source].evidence, items[source].token_gap)
@@ -827,7 +862,9 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
     comparisons = [("stepopsd", "stepopsd placebo"), ("stepopsd", "stepopsd outcome only"),
                    ("evidence: hindsight full", "evidence: hindsight placebo"),
                    ("beyond lp_S: hindsight full", "beyond lp_S: hindsight placebo"),
-                   ("agentopsd", "agentopsd placebo note"), ("evidence: skill note", "evidence: placebo note")]
+                   ("agentopsd", "agentopsd placebo note"), ("agentopsd", "agentopsd placebo family note"),
+                   ("evidence: skill note", "evidence: placebo note"),
+                   ("beyond lp_S: skill note", "beyond lp_S: placebo note")]
     differences = {}
     for a, b in comparisons:
         for column in COLUMNS:
@@ -864,7 +901,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
             for side, v in sides.items()))
     shared = ("the action span's hindsight log-probs come from the whole response's passes" if same_start
               else "the action span has its own hindsight passes")
-    lines.append(f"placebo note: {', '.join(f'{k} <- {v}' for k, v in note_sources.items())}; {shared}")
+    lines.append("placebo notes: " + "; ".join(f"{kind}: " + ", ".join(f"{k} <- {v}" for k, v in sources.items())
+                                              for kind, sources in note_sources.items()) + f"; {shared}")
     cost = {name: {"seconds": round(float(p.get("seconds", 0)), 1),
                    **({"tokens": p["stats"].get("teacher/tokens")} if "stats" in p else {})} for name, p in passes.items()}
     lines.append("forwards (s, first computed): " + ", ".join(f"{k} {v['seconds']:.0f}" for k, v in cost.items()))

@@ -207,6 +207,12 @@ def test_the_placebo_note_is_another_familys_of_similar_length(cq, tmp_path):
     real_note, fake_note = real[len(general):], fake[len(general):]
     assert fake_note.strip() and fake_note != real_note
     assert abs(len(fake_note) - len(real_note)) < 0.3 * len(real_note)
+    # the whole-note placebo replaces the general note too, with another family's note
+    sources_all = cq.write_placebo_notes(tmp_path / "all", spec, ["pick"], general=True)
+    assert set(sources_all) == {"general", "pick"} and sources_all["general"] != sources_all["pick"]
+    whole = skill_text(spec.env, "pick", tmp_path / "all")
+    assert general not in whole and real_note.strip() not in whole
+    assert abs(len(whole) - len(real)) < 0.3 * len(real)
 
 
 def test_search_qa_detours_are_the_envs_random_actions(contract_options_searchqa):
