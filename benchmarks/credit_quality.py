@@ -899,7 +899,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
             f"{side} r = {v['r']:+.2f}, slope {v['b']:+.2f}"
             + (f" [{v['b_low']:+.2f}, {v['b_high']:+.2f}]" if v["b_low"] is not None else "")
             for side, v in sides.items()))
-    shared = ("the action span's hindsight log-probs come from the whole response's passes" if same_start
+    shared = ("the family scores whole responses" if action_mode == "clean_step"
+              else "the action span's hindsight log-probs come from the whole response's passes" if same_start
               else "the action span has its own hindsight passes")
     lines.append("placebo notes: " + "; ".join(f"{kind}: " + ", ".join(f"{k} <- {v}" for k, v in sources.items())
                                               for kind, sources in note_sources.items()) + f"; {shared}")
