@@ -916,6 +916,10 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
               "confidence": confidence, "placebo_notes": note_sources, "action_span_shares_passes": same_start,
               "passes": cost, "wall_seconds": wall, "load": [load_before, load_after], "commit": git_commit(),
               "table": table}
+    if spec.name == "alfworld":
+        report["goals"] = goals(report)
+        table += "\ngoals (issue 27):\n  " + "\n  ".join(report["goals"])
+        report["table"] = table
     stem = out / f"credit_quality-{model_label}-{spec.name}"
     atomic_write_json(stem.with_suffix(".json"), report)
     atomic_write_text(stem.with_suffix(".txt"), table + "\n")
@@ -967,7 +971,8 @@ def goals(report: dict) -> list[str]:
         return f"{row} {column} {v['auc']:.2f} within 0.05 of 0.5: {'met' if ok else 'NOT met'}"
 
     return [check("stepopsd", "token/success", 0.70), check("agentopsd", "turn/success/within", 0.65),
-            placebo("stepopsd placebo", "token/success"), placebo("agentopsd placebo note", "turn/success/within")]
+            placebo("stepopsd placebo", "token/success"), placebo("agentopsd placebo note", "turn/success/within"),
+            placebo("agentopsd placebo family note", "turn/success/within")]
 
 
 def main(argv=None) -> int:
@@ -984,8 +989,6 @@ def main(argv=None) -> int:
     for spec in args.families:
         report = run_family(args, spec, model, tokenizer, label, folder, out, progress)
         print(report["table"])
-        if spec.name == "alfworld":
-            print("goals (issue 27):\n  " + "\n  ".join(goals(report)))
         print(f"written: {out}/credit_quality-{label}-{spec.name}.json and .txt\n", flush=True)
     print(f"model ready in {load_seconds:.0f}s")
     return 0

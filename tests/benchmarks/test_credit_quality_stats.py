@@ -239,3 +239,42 @@ def test_search_qa_detours_are_the_envs_random_actions(contract_options_searchqa
         assert kinds == ["search", "search", "search", "answer"]
         labels = episode.hindsight.details["turn_labels"]
         assert [t.action for t in episode.turns] != [lab["expert_action"] for lab in labels]
+
+
+def test_a_rerun_reads_every_forward_from_the_cache(tiny_qwen3, tmp_path):
+    """The whole benchmark on a small random model: every row of the table is there, and a rerun (or a run
+    after a torn cache file) recomputes only what is missing and gives the same numbers."""
+    import json
+    import os
+    import subprocess
+
+    out = tmp_path / "cq"
+    args = [sys.executable, str(SCRIPT), "--model", str(tiny_qwen3), "--family", "alfworld", "--train-games", "6",
+            "--tasks", "3", "--group-size", "3", "--bootstrap", "40", "--out", str(out), "--no-progress"]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    first = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    report_file = out / f"credit_quality-{tiny_qwen3.name}-alfworld.json"
+    report = json.loads(report_file.read_text())
+    rows = set(report["results"])
+    for row in ("grpo", "gigpo", "stepopsd", "stepopsd outcome only", "stepopsd placebo", "stepopsd-nobudget",
+                "agentopsd", "agentopsd placebo family note", "agentopsd placebo note", "rlsd",
+                "evidence: hindsight full", "evidence: hindsight outcome only", "evidence: hindsight placebo",
+                "evidence: skill note", "evidence: placebo family note", "evidence: placebo note",
+                "beyond lp_S: hindsight full", "beyond lp_S: placebo note", "student log-prob"):
+        assert row in rows, row
+    assert report["results"]["grpo"]["turn/success/within"]["auc"] in (0.5, None)  # one credit per episode
+    assert (out / f"credit_quality-{tiny_qwen3.name}-alfworld.txt").read_text().startswith("agentgym/ALFWorld-Pick-v0")
+    (cache,) = (out / "cache").iterdir()
+    files = {p.name: p.stat().st_mtime_ns for p in cache.glob("*.pt")}
+    assert set(files) == {"student.pt", "teacher-full.pt", "teacher-outcome.pt", "teacher-placebo.pt",
+                          "teacher-skills.pt", "teacher-skills-placebo.pt", "teacher-skills-placebo-all.pt"}
+    torn = cache / "teacher-placebo.pt"
+    torn.write_bytes(torn.read_bytes()[:100])
+    second = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = json.loads(report_file.read_text())
+    assert again["results"] == report["results"]
+    for name, mtime in files.items():
+        changed = (cache / name).stat().st_mtime_ns != mtime
+        assert changed == (name == "teacher-placebo.pt"), name
