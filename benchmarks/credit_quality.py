@@ -571,9 +571,10 @@ def cached_scores(path: Path, digest: str, compute: Callable[[], dict], log: Cal
                 log(f"{path.name}: cached ({payload.get('seconds', 0):.0f}s when computed)")
                 return payload
             log(f"{path.name}: computed for other rows; recomputing")
-    started = time.perf_counter()
+    started, load = time.perf_counter(), os.getloadavg()[0]
     payload = compute()
-    payload.update(rows_digest=digest, seconds=time.perf_counter() - started)
+    payload.update(rows_digest=digest, seconds=time.perf_counter() - started, commit=git_commit(),
+                   load=[load, os.getloadavg()[0]], date=time.strftime("%Y-%m-%d %H:%M"))
     _tensor_file_write(path, payload)
     return payload
 
@@ -690,7 +691,7 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
     from trainer.teacher import row_logprobs, score_teacher
 
     started = time.perf_counter()
-    load_before = os.getloadavg()
+    load_before, commit = os.getloadavg(), git_commit()
     settings = family_settings(args, spec)
     key = {"model": model_fingerprint(model_folder), **settings}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
@@ -904,17 +905,23 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
               else "the action span has its own hindsight passes")
     lines.append("placebo notes: " + "; ".join(f"{kind}: " + ", ".join(f"{k} <- {v}" for k, v in sources.items())
                                               for kind, sources in note_sources.items()) + f"; {shared}")
-    cost = {name: {"seconds": round(float(p.get("seconds", 0)), 1),
-                   **({"tokens": p["stats"].get("teacher/tokens")} if "stats" in p else {})} for name, p in passes.items()}
-    lines.append("forwards (s, first computed): " + ", ".join(f"{k} {v['seconds']:.0f}" for k, v in cost.items()))
-    lines.append(f"commit {git_commit()}; load {load_before[0]:.1f} -> {load_after[0]:.1f} (1-min average); "
-                 f"{wall:.0f}s this run; {args.threads} torch thread(s)")
+    cost = {name: {"seconds": round(float(p.get("seconds", 0)), 1), "commit": p.get("commit"), "load": p.get("load"),
+                   "date": p.get("date"), **({"tokens": p["stats"].get("teacher/tokens")} if "stats" in p else {})}
+            for name, p in passes.items()}
+    lines.append("forwards, when first computed (s): " + ", ".join(f"{k} {v['seconds']:.0f}" for k, v in cost.items()))
+    when = sorted({(v["date"], v["commit"]) for v in cost.values() if v["date"]})
+    loads = [x for v in cost.values() if v["load"] for x in v["load"]]
+    if when:
+        lines.append(f"  computed {when[0][0]} to {when[-1][0]} at commit(s) {', '.join(sorted({c for _, c in when}))}, "
+                     f"load {min(loads):.1f} to {max(loads):.1f} (1-min average at each pass's start and end)")
+    lines.append(f"this run: commit {commit}; load {load_before[0]:.1f} -> {load_after[0]:.1f} (1-min average); "
+                 f"{wall:.0f}s; {args.threads} torch thread(s)")
     table = "\n".join(lines)
     report = {"args": {k: v for k, v in vars(args).items() if k != "families"}, "family": spec.name,
               "settings": settings, "model": model_label, "success": float(success.mean()), "episodes": len(episodes),
               "turns": turns, "progress_share": progress_share, "results": results, "differences": differences,
               "confidence": confidence, "placebo_notes": note_sources, "action_span_shares_passes": same_start,
-              "passes": cost, "wall_seconds": wall, "load": [load_before, load_after], "commit": git_commit(),
+              "passes": cost, "wall_seconds": wall, "load": [load_before, load_after], "commit": commit,
               "table": table}
     if spec.name == "alfworld":
         report["goals"] = goals(report)
