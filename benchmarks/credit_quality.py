@@ -557,8 +557,9 @@ def context_digest(episodes, config, rows_hash: str) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_scores(path: Path, digest: str, compute: Callable[[], dict], log: Callable[[str], None]) -> dict:
-    """The tensors in `path` when they were computed for rows with `digest`, else `compute()` (saved atomically)."""
+def cached_scores(path: Path, digest: str, compute: Callable[[], dict], log: Callable[[str], None], commit: str) -> dict:
+    """The tensors in `path` when they were computed for rows with `digest`, else `compute()` (saved atomically,
+    with the run's commit, the date and the machine load)."""
     import torch
 
     if path.is_file():
@@ -573,7 +574,7 @@ def cached_scores(path: Path, digest: str, compute: Callable[[], dict], log: Cal
             log(f"{path.name}: computed for other rows; recomputing")
     started, load = time.perf_counter(), os.getloadavg()[0]
     payload = compute()
-    payload.update(rows_digest=digest, seconds=time.perf_counter() - started, commit=git_commit(),
+    payload.update(rows_digest=digest, seconds=time.perf_counter() - started, commit=commit,
                    load=[load, os.getloadavg()[0]], date=time.strftime("%Y-%m-%d %H:%M"))
     _tensor_file_write(path, payload)
     return payload
@@ -751,7 +752,7 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
         if name == "student":
             passes[name] = cached_scores(cache / "student.pt", digest_clean, lambda: {
                 "logprobs": row_logprobs(model, clean, temperature=1.0, micro_batch_tokens=args.micro_batch_tokens,
-                                     progress="student" if progress else False)}, log)
+                                     progress="student" if progress else False)}, log, commit)
             continue
         base = name.removesuffix(f"-{action_mode}")
         eps, config = contexts[base]
@@ -765,7 +766,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
             return {"logprobs": scores.logprobs, "scored": scores.scored, "truncated": int(scores.truncated),
                     "stats": scores.stats()}
 
-        passes[name] = cached_scores(cache / f"teacher-{name}.pt", context_digest(eps, config, rows_digest(rows)), score, log)
+        passes[name] = cached_scores(cache / f"teacher-{name}.pt", context_digest(eps, config, rows_digest(rows)), score, log,
+                                     commit)
     bar.close()
     student = passes["student"]["logprobs"]
 
