@@ -365,7 +365,7 @@ def note_file_name(task_type: str) -> str:
 def placebo_note_text(spec: FamilySpec, task_type: str | None, exclude: Sequence[str] = ()) -> tuple[str, str]:
     """Another family's skill note of the length closest to the family's own note for `task_type` (to the
     empty note where the family has none; to the general note for `task_type` None), other than the
-    sources in `exclude`. Returns (the note, `env id:task type` it comes from)."""
+    sources in `exclude`. Returns (the note, `family:task type` it comes from)."""
     from agentgym_opsd.registry import entry
     from trainer.env_knowledge import SKILLS_DIR
 
@@ -381,8 +381,8 @@ def placebo_note_text(spec: FamilySpec, task_type: str | None, exclude: Sequence
         notes = entry(other.env).skill_notes
         for kind in other.note_types:
             text = notes(kind) if notes else None
-            if text and f"{other.env}:{kind}" not in exclude:
-                pool.append((abs(len(text) - own_len), f"{other.env}:{kind}", text))
+            if text and f"{other.name}:{kind}" not in exclude:
+                pool.append((abs(len(text) - own_len), f"{other.name}:{kind}", text))
     if not pool:
         raise ValueError(f"no other family's skill note to use as {spec.name}'s placebo")
     _, source, text = min(pool)
