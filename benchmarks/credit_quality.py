@@ -689,7 +689,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
     from trainer.credit import compute_advantages
     from trainer.env_knowledge import credit_config
     from trainer.rows import build_rows
-    from trainer.teacher import row_logprobs, score_teacher
+    from trainer.forward import row_logprobs
+    from trainer.teacher import score_teacher
 
     started = time.perf_counter()
     load_before, commit = os.getloadavg(), git_commit()
