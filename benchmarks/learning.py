@@ -79,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                        ("mini-batches", int), ("max-new-tokens", int)):
         ap.add_argument(f"--{name}", type=kind, help="default: the model kind's (see the REAL and TINY tables)")
     ap.add_argument("--autocast", choices=("none", "bf16", "auto"))
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: one GPU, the model in bf16 "
+                    "(benchmarks/gpu_learning.sh runs this benchmark there at a larger budget)")
     ap.add_argument("--lr-schedule", choices=("constant", "linear"))
     ap.add_argument("--sft-privileged", type=float, default=0.0, help="literate warm start: the share of episodes "
                     "also taught in the teacher's privileged contexts")
@@ -275,7 +277,8 @@ def main(argv=None) -> int:
     common = dict(
         env_id=args.env, env_options=env_options, eval_env_options=eval_options, context="full",
         eval_episodes=len(seeds), eval_seeds=seeds, eval_temperature=0.0, max_new_tokens=args.max_new_tokens,
-        device="cpu", cpu_threads=1, train_layers=args.train_layers, autocast=args.autocast,
+        device=args.device, cpu_threads=1 if args.device == "cpu" else 0, train_layers=args.train_layers,
+        autocast=args.autocast if args.device == "cpu" else "none",  # CUDA: the weights are bf16 already
     )
 
     # 1. the warm starts, each evaluated once on the held-out panel
