@@ -53,7 +53,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-openrlhf: $(OSTAMP)
-	$(OBIN)/python -m pytest -q tests/openrlhf
+	$(OBIN)/python -m pytest -q tests/trainer/openrlhf
 
 clean:
 	rm -rf $(VENV) $(OVENV) .pytest_cache

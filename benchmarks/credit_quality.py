@@ -1,63 +1,131 @@
 """Does per-turn credit land on the turns that mattered? Every method's credit against the env's oracle.
 
-    .venv/bin/python benchmarks/credit_quality.py                 # ALFWorld Pick, small rooms, literate warm start
+    .venv/bin/python benchmarks/credit_quality.py                          # the tiny Qwen3, warm-started (ALFWorld)
     .venv/bin/python benchmarks/credit_quality.py --warm-start plain
-    .venv/bin/python benchmarks/credit_quality.py --train-games 200  # the learning benchmark's 200 games
+    .venv/bin/python benchmarks/credit_quality.py --model smollm2-135m     # the real model, no warm start
+    .venv/bin/python benchmarks/credit_quality.py --model smollm2-135m --family all --quick
 
-
-1. A warm start (cached under OUT/warmstart-<kind>-<N>games): a tiny Qwen3 fine-tuned on the env's
-   expert with random detours, as the learning benchmark does, on `--train-games` Pick games (1,000 by
-   default: on 200 a tiny model memorises the games, benchmarks/warm_start.py, and the scored
-   episodes below are played on them). `--warm-start plain` imitates the expert's turns
-   only; `literate` also teaches the model the privileged contexts its teacher will read (the
-   hindsight block before an action, with the expert's correction as the target after a detour;
-   AgentOPSD's skill note), on a share of the episodes (`--literate-share`).
-2. Episodes: G per task of the expert with random detours at rate `--detour` (good and bad turns both
-   plentiful), with the env's privileged turn labels on (`turn_labels=True`: progress = the expert's
-   remaining plan got shorter); `--policy-episodes N` adds the warm-started policy's own rollouts.
-3. For each method, the credit an update would give (one pass: rows, the student's log-probs, the
-   teacher with privileged context, `compute_advantages(..., return_parts=True)`), with the same
-   model as student and teacher (a live teacher).
-4. AUCs with bootstrap 95% intervals over episodes:
-   - turn level: does a turn's credit (the mean of A~ / |A| over its generated tokens) rank progress
-     turns above the others? Within successful episodes (credit should go to progress turns) and
-     within failed ones (blame to the others), pooled over turns and within episodes (pairs of one
-     episode only). GRPO gives every turn of an episode the same credit: 0.5 within episodes.
-     StepOPSD's per-step budget makes every turn's mean |A~| equal by design (it moves credit among
-     the tokens of a turn): it is judged at token level, and at turn level with the budget off.
-   - the raw signals at turn level: the evidence e_k (teacher minus student log-prob over the turn's
-     scored span) and the student's own log-prob of the span (what the model already knows);
-     and how much of e_k is only the privileged text flattening the model's distribution (lowering
-     the tokens it is sure of, raising the others): the correlation r of e_k with the student's
-     log-prob, and the AUC of what is left of e_k after the least-squares part b * lp_S is removed
-     (`... beyond lp_S`): the information the privileged text adds;
-   - token level (StepOPSD, RLSD): inside the action, the tokens that agree with the expert's action
-     at that state against those that depart from it: does sign(A) (w_t - 1) give the agreeing ones
-     more credit, in successful and in failed episodes? And the raw gap delta_t, and lp_S.
-Prints the tables and writes OUT/credit_quality.json.
+1. The model, student and live teacher at once. `--model tiny` (the default): a tiny Qwen3 warm-started
+   on ALFWorld Pick (cached under OUT/warmstart-<kind>-<N>games): fine-tuned on the expert with random
+   detours, as the learning benchmark does, on `--train-games` Pick games (1,000 by default: on 200 a
+   tiny model memorises the games, benchmarks/warm_start.py). `--warm-start plain` imitates the
+   expert's turns only; `literate` also teaches the model the privileged contexts its teacher will read
+   (the hindsight block, AgentOPSD's skill note) on a share of the episodes (`--literate-share`).
+   `--model NAME_OR_FOLDER` (anything `trainer.policy.load_hf_policy` takes: `smollm2-135m`, a model
+   folder) skips the warm start and uses that model as it is.
+2. Episodes, per family (`--family alfworld|webshop|searchqa|all`, or `--env ID`): G per task of the
+   env's expert with random detours (good and bad turns both plentiful), with the env's privileged
+   turn labels on (`turn_labels=True`; ALFWorld: the expert's remaining plan got shorter; WebShop: a
+   search that finds the target, opening it, choosing a goal option, buying it; Search-QA: a search
+   whose passages hold the gold answer, or the right answer). Detours: a random admissible action
+   (ALFWorld: a command; WebShop: a click on anything the page shows, or the page's example search),
+   and on Search-QA, which lists no admissible actions, the env's own random action (a search of a few
+   random words of the question and the passages, a guess on the last turn).
+3. Log-probs, once per family and cached under OUT/cache/ (a rerun or a crash redoes no forward): the
+   student's, and the teacher's in each privileged context: StepOPSD's hindsight block `full`
+   (outcome, the peer trajectory for failed episodes of mixed groups, the env's reference: expert
+   plan, target product, gold answer), `outcome only` (the block without peer and reference) and
+   `placebo` (the same block with another task's reference and peer: each episode reads the reference
+   of an episode of the next task with the same outcome, see `placebo_episodes`); AgentOPSD's skill
+   note (the project's general note, then the family's note for the task type), a placebo family note
+   (the general note, then another family's note of the closest length) and a placebo note (two other
+   families' notes in place of both: no project text; see `placebo_note_text`). Each is scored over the
+   whole response (`clean_step`);
+   where the family scores only the action (`action_only`) and every action starts its response (no
+   reasoning before it: the experts' turns), the action span's teacher context is the same, so its
+   log-probs are read from that pass (otherwise it gets its own).
+4. Every method's credit from those log-probs (`compute_advantages(..., return_parts=True)`, a live
+   teacher, no lambda decay): GRPO, GiGPO, StepOPSD with each hindsight context (and with its budget
+   off), AgentOPSD with each note, RLSD.
+5. AUCs against the labels, with bootstrap 95% intervals that resample TASKS (the G episodes of a task
+   share their group's normalisation, so they are not independent): every draw takes all episodes of
+   the drawn tasks, and every cell of a table uses the same draws (differences are paired).
+   - turn level, within episodes: does a turn's credit (the mean of A~ / |A| over its generated
+     tokens) rank progress turns above the others, among pairs of turns of one episode? In successful
+     episodes (credit should go to progress turns) and in failed ones (blame to the others). GRPO gives
+     every turn of an episode the same credit: 0.5. StepOPSD's per-step budget makes every turn's mean
+     |A~| equal by design (it moves credit among the tokens of a turn): it is judged at token level,
+     and at turn level with the budget off.
+   - token level (StepOPSD, RLSD): inside the action, the tokens that agree with the expert's action at
+     that state against those that depart from it: does sign(A) (w_t - 1) give the agreeing ones more?
+   - the raw signals: the evidence e_k (teacher minus student log-prob over the turn's scored span) and
+     the gap delta_t per token, per context; the student's own log-prob (what the model already knows);
+     and what is left of e_k beyond the least-squares part b * lp_S (`beyond lp_S`: the privileged text
+     merely flattening the model's distribution lowers the tokens it is sure of and raises the others),
+     the slope b refitted inside every bootstrap draw; r and b of the full sample are printed.
+Prints one table per family and writes OUT/credit_quality-<model>-<family>.json and .txt.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-METHODS = ("grpo", "gigpo", "stepopsd", "stepopsd-nobudget", "agentopsd", "rlsd")
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    """How one env family is benchmarked: its env, options, turn cap, detour rate (the expert's random
+    detours: chosen so that roughly half to two thirds of the episodes succeed), and the task types whose
+    skill notes may serve as another family's placebo note."""
+
+    name: str
+    env: str
+    options: dict[str, Any]
+    max_turns: int
+    detour: float
+    free_form_detours: bool = False
+    note_types: tuple[str, ...] = ()
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    "alfworld": FamilySpec(
+        "alfworld", "agentgym/ALFWorld-Pick-v0",
+        {"room": "small", "split": "train", "panel_own_types": True, "progress": False},  # + panel_size (--train-games)
+        max_turns=8, detour=0.5, note_types=("pick", "look", "clean", "heat", "cool", "pick_two"),
+    ),
+    "webshop": FamilySpec(
+        "webshop", "agentgym/WebShop-v0", {"split": "train"}, max_turns=10, detour=0.5,
+        note_types=("beauty", "electronics", "fashion", "garden", "grocery"),
+    ),
+    "searchqa": FamilySpec(
+        "searchqa", "agentgym/SearchQA-Synthetic-v0", {"split": "train"}, max_turns=4, detour=0.7,
+        free_form_detours=True, note_types=("single_hop", "multi_hop"),
+    ),
+}
+
+COLUMNS = ("turn/success/within", "turn/failure/within", "token/success", "token/failure")
+HINDSIGHT_CONTEXTS = {"full": "hindsight full", "outcome": "hindsight outcome only", "placebo": "hindsight placebo"}
+NOTE_CONTEXTS = {"skills": "skill note", "skills-placebo": "placebo family note", "skills-placebo-all": "placebo note"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--env", default="agentgym/ALFWorld-Pick-v0")
-    ap.add_argument("--tasks", type=int, default=32)
+    ap.add_argument("--model", default="tiny",
+                    help="`tiny` (a tiny Qwen3 warm-started on ALFWorld Pick, ALFWorld only), or a named model "
+                    "(smollm2-135m) or model folder, used as it is as student and live teacher")
+    ap.add_argument("--family", choices=(*FAMILIES, "all"), default=None, help="the env families (default alfworld)")
+    ap.add_argument("--env", action="append", default=None, help="an env id instead of the family's (repeatable)")
+    ap.add_argument("--tasks", type=int, default=32, help="tasks per family (x --group-size episodes)")
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--detour", type=float, default=0.5, help="the expert's random-detour rate")
-    ap.add_argument("--max-turns", type=int, default=8)
-    ap.add_argument("--policy-episodes", type=int, default=0, help="also score the warm-started policy's own rollouts")
+    ap.add_argument("--detour", type=float, default=None, help="the expert's random-detour rate (default: the family's)")
+    ap.add_argument("--max-turns", type=int, default=None, help="default: the family's (ALFWorld 8, WebShop 10, Search-QA 4)")
+    ap.add_argument("--policy-episodes", type=int, default=0, help="also score the model's own rollouts")
     ap.add_argument("--warm-start", choices=("plain", "literate"), default="literate")
     ap.add_argument("--literate-share", type=float, default=0.5)
     ap.add_argument("--sft-episodes", type=int, default=400)
@@ -65,27 +133,70 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tiny-hidden", type=int, default=128)
     ap.add_argument("--tiny-layers", type=int, default=2)
     ap.add_argument("--train-games", type=int, default=1000,
-                    help="Pick training games, a panel of Pick games only: the warm start's and the scored episodes' "
-                    "games (benchmarks/warm_start.py: a tiny model memorises 200 games, not 1,000)")
-    ap.add_argument("--bootstrap", type=int, default=1000)
+                    help="ALFWorld: a panel of that many Pick training games, the scored episodes' games (and the tiny "
+                    "model's warm start's: benchmarks/warm_start.py: a tiny model memorises 200 games, not 1,000)")
+    ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap draws (of tasks)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: on a shared 2-core machine a second thread costs more than it gives)")
+    ap.add_argument("--micro-batch-tokens", type=int, default=2048,
+                    help="padded tokens per forward (on one CPU thread 2,048 ran 1.5-2.5x faster than 16,384)")
     ap.add_argument("--out", default="runs/credit_quality")
-    ap.add_argument("--quick", action="store_true", help="16 tasks x 4, 300 warm-start episodes, 300 bootstrap draws")
+    ap.add_argument("--quick", action="store_true", help="8 tasks x 4 per family, 300 warm-start episodes, 300 draws")
+    ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-    if args.train_games < 1:
-        ap.error(f"--train-games must be >= 1, got {args.train_games}")
+    for name in ("train_games", "tasks", "group_size", "bootstrap", "threads", "micro_batch_tokens"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.detour is not None and not 0 <= args.detour <= 1:
+        ap.error(f"--detour is a probability, got {args.detour}")
+    if args.max_turns is not None and args.max_turns < 1:
+        ap.error(f"--max-turns must be >= 1, got {args.max_turns}")
+    if args.family and args.env:
+        ap.error("give --family or --env, not both")
+    try:
+        args.families = selected_families(args.family, args.env)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.model != "tiny":
+        from trainer.models import is_named_model
+
+        if not is_named_model(args.model) and not (Path(args.model) / "config.json").is_file():
+            ap.error(f"--model {args.model}: not `tiny`, a named model (smollm2-135m) or a model folder (no config.json)")
+    if args.model == "tiny" and any(spec.name != "alfworld" for spec in args.families):
+        ap.error("--model tiny is warm-started on ALFWorld Pick only; give --model smollm2-135m (or a model folder) "
+                 "for the other families")
+    if args.quick:
+        args.tasks, args.sft_episodes, args.bootstrap = 8, 300, 300
     return args
 
 
+def selected_families(family: str | None, envs: Sequence[str] | None) -> list[FamilySpec]:
+    """The families to run: `--family` (default alfworld), or one per `--env` id (the family's spec, that env)."""
+    if not envs:
+        names = list(FAMILIES) if family == "all" else [family or "alfworld"]
+        return [FAMILIES[n] for n in names]
+    from agentgym_opsd.registry import UnknownEnvError, entry
+
+    out = []
+    for env_id in envs:
+        try:
+            name = entry(env_id).family.lower().replace("-", "")
+        except UnknownEnvError as e:
+            raise ValueError(str(e)) from None
+        if name not in FAMILIES:
+            raise ValueError(f"{env_id}: family {name!r} has no benchmark settings; known: {', '.join(FAMILIES)}")
+        out.append(dataclasses.replace(FAMILIES[name], env=env_id))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
-# AUC with intervals
+# Statistics: AUCs with bootstrap intervals that resample tasks
 
 
 def auc(scores, labels, strata=None) -> float | None:
     """P(score of a positive > score of a negative) (ties count half); with `strata`, only pairs
     within one stratum count (within-episode AUC). None when there is no pair."""
-    import numpy as np
-
     scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     groups = [slice(None)] if strata is None else [np.asarray(strata) == s for s in set(strata)]
     wins = pairs = 0.0
@@ -99,41 +210,212 @@ def auc(scores, labels, strata=None) -> float | None:
     return wins / pairs if pairs else None
 
 
-def auc_with_interval(items, draws: int, rng, strata: bool = False) -> dict:
-    """items: per episode, (scores, labels). The AUC over all episodes and a bootstrap 95% interval
-    from resampling episodes."""
-    import numpy as np
+def resample_counts(units: Sequence[Any], draws: int, rng: np.random.Generator) -> np.ndarray:
+    """[draws, n]: how often each of the n episodes is in each bootstrap draw, when a draw takes len(set(units))
+    units (one per episode: its task group; or the episode itself) with replacement, with all their episodes."""
+    keys = {u: i for i, u in enumerate(dict.fromkeys(units))}
+    index = np.array([keys[u] for u in units], dtype=int)
+    picks = rng.integers(0, len(keys), size=(draws, len(keys)))
+    unit_counts = np.zeros((draws, len(keys)), dtype=np.int64)
+    np.add.at(unit_counts, (np.repeat(np.arange(draws), len(keys)), picks.ravel()), 1)
+    return unit_counts[:, index]
 
-    def compute(sample):
-        scores, labels, groups = [], [], []
-        for j, (s, lab) in enumerate(sample):
-            scores += list(s)
-            labels += list(lab)
-            groups += [j] * len(s)
-        return auc(scores, labels, groups if strata else None)
 
-    point = compute(items)
-    if point is None:
-        return {"auc": None, "low": None, "high": None, "episodes": len(items)}
-    values = []
-    for _ in range(draws):
-        pick = rng.integers(0, len(items), size=len(items))
-        value = compute([items[i] for i in pick])
-        if value is not None:
-            values.append(value)
-    low, high = (float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))) if values else (None, None)
-    return {"auc": point, "low": low, "high": high, "episodes": len(items)}
+Items = Sequence[tuple[Sequence[float], Sequence[bool]] | None]  # per episode: (scores, labels), None: not in the cell
+Paired = Sequence[tuple[Sequence[float], Sequence[float], Sequence[bool]] | None]  # per episode: (e_k, lp_S, labels)
+
+
+def within_auc(items: Items, counts: np.ndarray) -> np.ndarray:
+    """Within-episode AUC (pairs of a positive and a negative of one episode), one per row of `counts`
+    ([D, n]: each episode's weight in each draw; ones for the sample itself). NaN where no pair."""
+    pair_episode, wins = [], []
+    for e, item in enumerate(items):
+        if item is None:
+            continue
+        s, lab = np.asarray(item[0], dtype=float), np.asarray(item[1], dtype=bool)
+        d = (s[lab][:, None] - s[~lab][None, :]).ravel()
+        pair_episode += [e] * d.size
+        wins.append((d > 0) + 0.5 * (d == 0))
+    if not pair_episode:
+        return np.full(len(counts), np.nan)
+    w = counts[:, np.asarray(pair_episode)].astype(float)
+    total = w.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, w @ np.concatenate(wins) / np.where(total > 0, total, 1), np.nan)
+
+
+def pooled_auc(items: Items, counts: np.ndarray) -> np.ndarray:
+    """AUC over the pooled items of the episodes (every positive against every negative, across
+    episodes), each episode weighted by its count in each row of `counts`. NaN where no pair."""
+    ep, score, label = [], [], []
+    for e, item in enumerate(items):
+        if item is not None:
+            ep += [e] * len(item[0])
+            score += list(item[0])
+            label += list(item[1])
+    out = np.full(len(counts), np.nan)
+    if not ep:
+        return out
+    ep, label = np.asarray(ep), np.asarray(label, dtype=bool)
+    values, where = np.unique(np.asarray(score, dtype=float), return_inverse=True)
+    for d, row in enumerate(counts):
+        w = row[ep].astype(float)
+        pos = np.bincount(where, weights=w * label, minlength=len(values))
+        neg = np.bincount(where, weights=w * ~label, minlength=len(values))
+        denominator = pos.sum() * neg.sum()
+        if denominator > 0:
+            below = np.cumsum(neg) - neg  # negatives strictly below each value
+            out[d] = float((pos * (below + 0.5 * neg)).sum() / denominator)
+    return out
+
+
+def beyond_auc(paired: Paired, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Within-episode AUC of e_k - b lp_S, b the least-squares slope of e_k on lp_S over the pooled turns
+    of each draw (each episode weighted by its count), refitted per row of `counts`. Returns (AUCs, b)."""
+    ep, e_k, lp, pair_episode, de, dl = [], [], [], [], [], []
+    for i, item in enumerate(paired):
+        if item is None:
+            continue
+        ev, lps, lab = np.asarray(item[0], dtype=float), np.asarray(item[1], dtype=float), np.asarray(item[2], dtype=bool)
+        ep += [i] * len(ev)
+        e_k += list(ev)
+        lp += list(lps)
+        de.append((ev[lab][:, None] - ev[~lab][None, :]).ravel())
+        dl.append((lps[lab][:, None] - lps[~lab][None, :]).ravel())
+        pair_episode += [i] * de[-1].size
+    nan = np.full(len(counts), np.nan)
+    if len(ep) < 3:
+        return nan, nan
+    w = counts[:, np.asarray(ep)].astype(float)  # [D, turns]
+    total = w.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_lp = (w @ np.asarray(lp)) / total[:, 0]
+        mean_e = (w @ np.asarray(e_k)) / total[:, 0]
+        centred = np.asarray(lp)[None, :] - mean_lp[:, None]
+        var = (w * centred**2).sum(axis=1)
+        cov = (w * centred * (np.asarray(e_k)[None, :] - mean_e[:, None])).sum(axis=1)
+        slope = np.where(var > 0, cov / np.where(var > 0, var, 1), np.nan)
+    if not pair_episode:
+        return nan, slope
+    diff = np.concatenate(de)[None, :] - slope[:, None] * np.concatenate(dl)[None, :]
+    win = (diff > 0) + 0.5 * (diff == 0)
+    pw = counts[:, np.asarray(pair_episode)].astype(float)
+    pt = pw.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where((pt > 0) & np.isfinite(slope), (pw * win).sum(axis=1) / np.where(pt > 0, pt, 1), np.nan)
+    return out, slope
+
+
+def interval(point: float, draws: np.ndarray, n_episodes: int) -> dict[str, Any]:
+    """The point AUC and the 2.5 / 97.5 percentiles of the draws (NaN draws, without pairs, left out)."""
+    values = draws[np.isfinite(draws)]
+    if not np.isfinite(point) or len(values) == 0:
+        return {"auc": None, "low": None, "high": None, "episodes": n_episodes, "draws": int(len(values))}
+    return {"auc": float(point), "low": float(np.percentile(values, 2.5)), "high": float(np.percentile(values, 97.5)),
+            "episodes": n_episodes, "draws": int(len(values))}
 
 
 # ---------------------------------------------------------------------------------------------
+# Privileged contexts: placebos
+
+
+def placebo_episodes(episodes: Sequence[Any]) -> list[Any]:
+    """Copies of `episodes` whose StepOPSD hindsight block reads another task's text of the same kind.
+
+    Each episode's reference becomes that of an episode with the same outcome of the next task (groups in
+    batch order, cyclically, skipping groups of the same task id; the k-th such episode of a group reads
+    the k-th, modulo, of the donor's), so
+    the placebo references are real ones with the same length distribution. The first successful episode
+    of each group, whose actions the group's failed episodes read as their peer trajectory, carries the
+    turns of the next task's first successful episode. Outcome and everything the rows are built from stay
+    the episode's own (`trainer.teacher.hindsight_block` reads only the outcome, the reference and the
+    peer's actions). An episode whose outcome no other task shares gets no reference."""
+    order = list(dict.fromkeys(e.group_key for e in episodes))
+    members: dict[str, list[int]] = {g: [] for g in order}
+    for i, e in enumerate(episodes):
+        members[e.group_key].append(i)
+
+    def donors(group: str, success: bool) -> list[int]:
+        at, task = order.index(group), episodes[members[group][0]].task_id
+        for step in range(1, len(order)):
+            other = order[(at + step) % len(order)]
+            found = [i for i in members[other] if episodes[i].success == success and episodes[i].task_id != task]
+            if found:
+                return found
+        return []
+
+    out = []
+    for i, e in enumerate(episodes):
+        same = [j for j in members[e.group_key] if episodes[j].success == e.success]
+        pool = donors(e.group_key, e.success)
+        reference = episodes[pool[same.index(i) % len(pool)]].hindsight.reference if pool else ""
+        copy = dataclasses.replace(e, hindsight=dataclasses.replace(e.hindsight, reference=reference))
+        if e.success and same[0] == i:  # the group's peer
+            winners = donors(e.group_key, True)
+            copy = dataclasses.replace(copy, turns=list(episodes[winners[0]].turns) if winners else [])
+        out.append(copy)
+    return out
+
+
+def note_file_name(task_type: str) -> str:
+    """The file `trainer.env_knowledge.skill_text` reads for a task type in a `skills_dir`."""
+    return str(task_type).strip().lower().replace("-", "_").replace(" ", "_") + ".txt"
+
+
+def placebo_note_text(spec: FamilySpec, task_type: str | None, exclude: Sequence[str] = ()) -> tuple[str, str]:
+    """Another family's skill note of the length closest to the family's own note for `task_type` (to the
+    empty note where the family has none; to the general note for `task_type` None), other than the
+    sources in `exclude`. Returns (the note, `family:task type` it comes from)."""
+    from agentgym_opsd.registry import entry
+    from trainer.env_knowledge import SKILLS_DIR
+
+    if task_type is None:
+        own_len = len((Path(SKILLS_DIR) / "general.txt").read_text(encoding="utf-8").strip())
+    else:
+        own = entry(spec.env).skill_notes
+        own_len = len((own(task_type) if own else None) or "")
+    pool = []
+    for other in FAMILIES.values():
+        if other.name == spec.name:
+            continue
+        notes = entry(other.env).skill_notes
+        for kind in other.note_types:
+            text = notes(kind) if notes else None
+            if text and f"{other.name}:{kind}" not in exclude:
+                pool.append((abs(len(text) - own_len), f"{other.name}:{kind}", text))
+    if not pool:
+        raise ValueError(f"no other family's skill note to use as {spec.name}'s placebo")
+    _, source, text = min(pool)
+    return text, source
+
+
+def write_placebo_notes(folder: Path, spec: FamilySpec, task_types: Sequence[str], *, general: bool = False) -> dict:
+    """A `skills_dir` (`CreditConfig.skills_dir`) whose note is a placebo: per task type, another family's
+    note in place of the family's; with `general`, another one in place of the project's general note too
+    (no project text left). Returns {task type or "general": the source of its note}."""
+    from agentgym_opsd.io import atomic_write_text
+    from trainer.env_knowledge import SKILLS_DIR
+
+    sources = {}
+    if general:
+        text, sources["general"] = placebo_note_text(spec, None)
+        atomic_write_text(folder / "general.txt", text + "\n")
+    else:
+        atomic_write_text(folder / "general.txt", (Path(SKILLS_DIR) / "general.txt").read_text(encoding="utf-8"))
+    for kind in sorted(set(task_types)):
+        text, sources[kind] = placebo_note_text(spec, kind, exclude=list(sources.values()))
+        atomic_write_text(folder / note_file_name(kind), text + "\n")
+    return sources
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-episode items for the AUCs
 
 
 def expert_action_marks(tokenizer, rows, r, k, response: str, expert_action: str | None, span_positions):
     """For the scored tokens of turn k in row r: 1 where the token's characters lie in a word of the
     agent's action that agrees with the expert's action (same word at the same place), 0 where it
     departs, None for tag and punctuation tokens (neither)."""
-    import re
-
     from agentgym_opsd.parsing import parse_action
     from trainer.chat import generated_char_offsets
 
@@ -147,8 +429,12 @@ def expert_action_marks(tokenizer, rows, r, k, response: str, expert_action: str
     words = [(m.start() + a + inner_start, m.end() + a + inner_start, m.group()) for m in re.finditer(r"\S+", inner)]
     expert = expert_action.split()
     ids = rows.input_ids[r, span_positions].tolist()
-    text, offsets = generated_char_offsets(tokenizer, ids)
-    first = response.find(text) if text else -1
+    # A whole-response span ends with the end-of-turn token, which is not in the response's text.
+    for cut in range(min(3, len(ids))):
+        text, offsets = generated_char_offsets(tokenizer, ids[: len(ids) - cut])
+        first = response.find(text) if text else -1
+        if first >= 0:
+            break
     if first < 0:
         return None
     marks = []
@@ -159,196 +445,562 @@ def expert_action_marks(tokenizer, rows, r, k, response: str, expert_action: str
             marks.append(None)
             continue
         marks.append(int(all(i < len(expert) and words[i][2] == expert[i] for i in hit)))
-    return marks
+    return marks + [None] * cut
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.quick:
-        args.tasks, args.sft_episodes, args.bootstrap = 16, 300, 300
-    import numpy as np
+class EpisodeItems:
+    """What one method's credit (one `CreditParts`) gives each episode, for the AUC cells: per episode,
+    the turns' credit, evidence and student log-prob of the span with their progress labels, and the
+    action tokens' scores, gaps and log-probs with their agree-with-the-expert labels."""
+
+    def __init__(self, episodes, rows, student, parts, tokenizer, labels, marks_cache: dict):
+        self.turn_credit: list = []
+        self.evidence: list = []
+        self.student: list = []
+        self.paired: list = []
+        self.token_credit: list = []
+        self.token_gap: list = []
+        self.token_student: list = []
+        advantages, A = parts.advantages, parts.A_episode
+        for e, episode in enumerate(episodes):
+            credit, prog, ev, lp_sum = [], [], [], []
+            tok_scores, tok_score_labels, tok_labels, tok_gap, tok_lp = [], [], [], [], []
+            a = float(A[e])
+            for r in (rows.row_episode == e).nonzero().squeeze(1).tolist():
+                for k in range(episode.num_turns):
+                    mine = rows.turn_id[r] == k
+                    if not bool(mine.any()):
+                        continue
+                    span = mine & rows.span[r]
+                    label = labels[episode.episode_id][k]
+                    # float64 mean, rounded: equal token values give an exact tie
+                    credit.append(round(float(advantages[r][mine].double().mean()) / abs(a), 6) if a != 0 else None)
+                    prog.append(bool(label["progress"]))
+                    lp_sum.append(float(student[r][span].double().sum()) if bool(span.any()) else None)
+                    ev.append(float(parts.evidence[e, k]) if parts.evidence is not None and bool(span.any()) else None)
+                    if parts.delta is None or not bool(span.any()):
+                        continue
+                    positions = span.nonzero().squeeze(1)
+                    key = (rows.span_mode, r, k)
+                    if key not in marks_cache:
+                        marks_cache[key] = expert_action_marks(tokenizer, rows, r, k, episode.turns[k].response,
+                                                               label.get("expert_action"), positions)
+                    marks = marks_cache[key]
+                    if not marks:
+                        continue
+                    sign = 1.0 if a > 0 else -1.0
+                    for p, mark in zip(positions.tolist(), marks, strict=True):
+                        if mark is None:
+                            continue
+                        if parts.token_weight is not None and a != 0:
+                            tok_scores.append(sign * (float(parts.token_weight[r, p]) - 1.0))
+                            tok_score_labels.append(bool(mark))
+                        tok_gap.append(float(parts.delta[r, p]))
+                        tok_lp.append(float(student[r, p]))
+                        tok_labels.append(bool(mark))
+            keep = [i for i, c in enumerate(credit) if c is not None]
+            self.turn_credit.append(([credit[i] for i in keep], [prog[i] for i in keep]) if keep else None)
+            keep = [i for i, v in enumerate(ev) if v is not None]
+            self.evidence.append(([ev[i] for i in keep], [prog[i] for i in keep]) if keep else None)
+            keep = [i for i, v in enumerate(lp_sum) if v is not None]
+            self.student.append(([lp_sum[i] for i in keep], [prog[i] for i in keep]) if keep else None)
+            keep = [i for i in range(len(ev)) if ev[i] is not None and lp_sum[i] is not None]
+            self.paired.append(([ev[i] for i in keep], [lp_sum[i] for i in keep], [prog[i] for i in keep]) if keep else None)
+            self.token_credit.append((tok_scores, tok_score_labels) if tok_scores else None)
+            self.token_gap.append((tok_gap, tok_labels) if tok_gap else None)
+            self.token_student.append((tok_lp, tok_labels) if tok_lp else None)
+
+
+def side_items(items: Sequence[Any], success: Sequence[bool], side: str) -> list:
+    """The items of the successful (side "success") or failed episodes; None for the others."""
+    want = side == "success"
+    return [item if bool(ok) == want else None for item, ok in zip(items, success, strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache
+
+
+def _tensor_file_write(path: Path, payload: dict) -> None:
     import torch
 
-    import agentgym_opsd
-    from agentgym_opsd.io import atomic_write_json
-    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-    from trainer.config import TrainConfig
-    from trainer.credit_records import credit_pass
-    from trainer.local import LocalTrainer
-    from trainer.warm_start import PerturbedExpert
+    from agentgym_opsd.io import atomic_write_bytes
 
-    torch.set_num_threads(1)
-    agentgym_opsd.load_plugins()
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def rows_digest(rows) -> str:
+    """A fingerprint of the rows a cached tensor belongs to (ids and scored span)."""
+    h = hashlib.sha256()
+    h.update(rows.input_ids.cpu().numpy().tobytes())
+    h.update(rows.span.cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def context_digest(episodes, config, rows_hash: str) -> str:
+    """A fingerprint of what a teacher pass reads: the rows, and the privileged text each episode gets (the
+    hindsight blocks with their peers, or the skill notes), so that a changed placebo is never read from the cache."""
+    from trainer.env_knowledge import skill_text
+    from trainer.teacher import hindsight_block, peer_episodes
+
+    h = hashlib.sha256(rows_hash.encode())
+    if config.method == "agentopsd":
+        for e in episodes:
+            h.update(skill_text(e.env_id, e.task_type, config.skills_dir).encode())
+    else:
+        peers = peer_episodes(episodes) if config.hindsight_peer else {}
+        for i, e in enumerate(episodes):
+            h.update(hindsight_block(e, episodes[peers[i]] if i in peers else None, config)[0].encode())
+    h.update(f"{config.span_mode}|{config.peer_format}|{config.peer_max_chars}".encode())
+    return h.hexdigest()[:16]
+
+
+def cached_scores(path: Path, digest: str, compute: Callable[[], dict], log: Callable[[str], None], commit: str) -> dict:
+    """The tensors in `path` when they were computed for rows with `digest`, else `compute()` (saved atomically,
+    with the run's commit, the date and the machine load)."""
+    import torch
+
+    if path.is_file():
+        try:
+            payload = torch.load(path, weights_only=True)
+        except Exception as e:  # a torn or foreign file: recompute
+            log(f"{path.name}: unreadable ({type(e).__name__}: {e}); recomputing")
+        else:
+            if payload.get("rows_digest") == digest:
+                log(f"{path.name}: cached ({payload.get('seconds', 0):.0f}s when computed)")
+                return payload
+            log(f"{path.name}: computed for other rows; recomputing")
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    payload = compute()
+    payload.update(rows_digest=digest, seconds=time.perf_counter() - started, commit=commit,
+                   load=[load, os.getloadavg()[0]], date=time.strftime("%Y-%m-%d %H:%M"))
+    _tensor_file_write(path, payload)
+    return payload
+
+
+def model_fingerprint(path: Path) -> str:
+    """The model folder and its weight files' sizes and times: a different model gets a different cache."""
+    parts = [str(path.resolve())]
+    for f in sorted(path.glob("*")):
+        if f.suffix in (".safetensors", ".bin", ".json") and f.is_file():
+            st = f.stat()
+            parts.append(f"{f.name}:{st.st_size}:{int(st.st_mtime)}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+
+
+def git_commit() -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+
+
+def load_model(args, out: Path, progress: bool):
+    """(model, tokenizer, label, folder, seconds): the tiny warm start (trained and cached here), or the model named."""
+    from trainer.policy import PolicyLoadError, load_hf_policy, load_policy
+
     started = time.perf_counter()
-    out = Path(args.out)
-    env_options = {"room": "small", "split": "train", "max_turns": args.max_turns, "panel_own_types": True,
-                   "panel_size": {"train": args.train_games, "valid_seen": 0, "valid_unseen": 0}, "progress": False}
+    if args.model != "tiny":
+        try:
+            model, tokenizer = load_hf_policy(args.model, device="cpu")
+        except PolicyLoadError as e:
+            raise SystemExit(f"credit_quality.py: error: {e}") from None
+        from trainer.models import resolve_model
 
-    # 1. the warm start (cached)
+        folder = resolve_model(args.model, progress=progress)
+        label = args.model if not Path(args.model).exists() else Path(args.model).resolve().name
+        model.eval()
+        return model, tokenizer, label, folder, time.perf_counter() - started
+    from trainer.config import TrainConfig
+    from trainer.local import LocalTrainer
+
     warm = out / f"warmstart-{args.warm_start}-{args.train_games}games"
     if not (warm / "model" / "config.json").exists():
+        spec = FAMILIES["alfworld"]
+        env_options = {**spec.options, "max_turns": 12,
+                       "panel_size": {"train": args.train_games, "valid_seen": 0, "valid_unseen": 0}}
         literate = {"sft_privileged": args.literate_share} if args.warm_start == "literate" else {}
         config = TrainConfig(
-            env_id=args.env, out=str(warm), method="grpo", model="tiny", tokenizer="trained", vocab_size=1024,
-            tiny_hidden=args.tiny_hidden, tiny_layers=args.tiny_layers, env_options={**env_options, "max_turns": 12},
+            env_id=spec.env, out=str(warm), method="grpo", model="tiny", tokenizer="trained", vocab_size=1024,
+            tiny_hidden=args.tiny_hidden, tiny_layers=args.tiny_layers, env_options=env_options,
             sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_noise=0.25, sft_lr=3e-3, steps=0,
             save_every=0, eval_episodes=0, seed=args.seed, device="cpu", **literate,
         )
-        LocalTrainer(config, progress=True).run()
-    from trainer.policy import load_policy
-
+        LocalTrainer(config, progress=progress).run()
     model, tokenizer = load_policy(str(warm / "model"), device="cpu")
     model.eval()
-    warm_seconds = time.perf_counter() - started
+    label = f"tiny-{args.warm_start}" + ("" if args.train_games == 1000 else f"-{args.train_games}games")
+    return model, tokenizer, label, warm / "model", time.perf_counter() - started
 
-    # 2. episodes with oracle labels
-    make_env = lambda: agentgym_opsd.make(args.env, **env_options, turn_labels=True)  # noqa: E731
+
+def family_settings(args, spec: FamilySpec) -> dict[str, Any]:
+    options = dict(spec.options)
+    if spec.name == "alfworld":
+        options["panel_size"] = {"train": args.train_games, "valid_seen": 0, "valid_unseen": 0}
+    options["max_turns"] = args.max_turns or spec.max_turns
+    return {"env": spec.env, "options": options, "tasks": args.tasks, "group_size": args.group_size,
+            "detour": spec.detour if args.detour is None else args.detour, "free_form_detours": spec.free_form_detours,
+            "policy_episodes": args.policy_episodes, "seed": args.seed}
+
+
+def play_episodes(settings: dict, model, tokenizer, progress: bool) -> list:
+    import agentgym_opsd
+    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+    from trainer.warm_start import PerturbedExpert
+
+    env_id, options = settings["env"], settings["options"]
+    make_env = lambda: agentgym_opsd.make(env_id, **options, turn_labels=True)  # noqa: E731
+    g = settings["group_size"]
     requests = [EpisodeRequest(seed=50_000 + t, episode_id=f"t{t}-g{i}", group=f"t{t}")
-                for t in range(args.tasks) for i in range(args.group_size)]
-    episodes = run_episodes(make_env, PerturbedExpert(args.detour, seed=args.seed), requests,
-                            num_envs=len(requests), context="full", progress="expert with detours")
-    if args.policy_episodes:
+                for t in range(settings["tasks"]) for i in range(g)]
+    expert = PerturbedExpert(settings["detour"], seed=settings["seed"], free_form_detours=settings["free_form_detours"])
+    episodes = run_episodes(make_env, expert, requests, num_envs=min(len(requests), 16), context="full",
+                            progress="expert with detours" if progress else False)
+    if settings["policy_episodes"]:
         from trainer.sampling import HFPolicyAgent
 
-        agent = HFPolicyAgent(model, tokenizer, max_new_tokens=24, temperature=1.0, seed=args.seed, name="policy")
+        agent = HFPolicyAgent(model, tokenizer, max_new_tokens=64, temperature=1.0, seed=settings["seed"], name="policy")
         more = [EpisodeRequest(seed=60_000 + t, episode_id=f"p{t}-g{i}", group=f"p{t}")
-                for t in range(max(1, args.policy_episodes // args.group_size)) for i in range(args.group_size)]
-        played = run_episodes(make_env, agent, more, num_envs=len(more), context="full", progress="policy")
+                for t in range(max(1, settings["policy_episodes"] // g)) for i in range(g)]
+        played = run_episodes(make_env, agent, more, num_envs=len(more), context="full",
+                              progress="policy" if progress else False)
         agent.annotate(played)
         episodes += played
-    episodes = [e for e in episodes if e.error is None]
-    success = sum(e.success for e in episodes) / len(episodes)
+    return [e for e in episodes if e.error is None]
+
+
+def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model_folder: Path, out: Path,
+               progress: bool) -> dict[str, Any]:
+    import torch
+    from tqdm.auto import tqdm
+
+    from agentgym_opsd.episode import load_episodes, save_episodes
+    from agentgym_opsd.io import atomic_write_json, atomic_write_text
+    from trainer.credit import compute_advantages
+    from trainer.env_knowledge import credit_config
+    from trainer.rows import build_rows
+    from trainer.forward import row_logprobs
+    from trainer.teacher import score_teacher
+
+    started = time.perf_counter()
+    load_before, commit = os.getloadavg(), git_commit()
+    settings = family_settings(args, spec)
+    key = {"model": model_fingerprint(model_folder), **settings}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    cache = out / "cache" / f"{model_label}-{spec.name}-{digest}"
+    cache.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(cache / "settings.json", key)
+    log = (lambda msg: tqdm.write(f"[{spec.name}] {msg}")) if progress else (lambda msg: None)
+
+    # 1. episodes (cached)
+    episodes_file = cache / "episodes.jsonl"
+    if episodes_file.is_file():
+        episodes = load_episodes(episodes_file)
+        log(f"{len(episodes)} episodes from {episodes_file}")
+    else:
+        episodes = play_episodes(settings, model, tokenizer, progress)
+        save_episodes(episodes_file, episodes)
+    if not episodes:
+        raise SystemExit(f"credit_quality.py: error: every {spec.env} episode failed; see the log above")
+    success = np.array([e.success for e in episodes])
     labels = {e.episode_id: e.hindsight.details["turn_labels"] for e in episodes}
     progress_share = float(np.mean([lab["progress"] for ls in labels.values() for lab in ls]))
+    turns = sum(e.num_turns for e in episodes)
 
-    # 3. every method's credit, and 4. the AUCs
+    # 2. rows: the family's span (StepOPSD, GRPO, GiGPO) and the whole response (AgentOPSD, RLSD)
+    family_config = credit_config(spec.env, "stepopsd")
+    action_mode = family_config.span_mode
+    rows_for = {"clean_step": build_rows(episodes, tokenizer, span_mode="clean_step")}
+    if action_mode != "clean_step":
+        rows_for[action_mode] = build_rows(episodes, tokenizer, span_mode=action_mode)
+        if not torch.equal(rows_for[action_mode].input_ids, rows_for["clean_step"].input_ids):
+            raise RuntimeError("rows of the two span modes hold different tokens")
+    clean = rows_for["clean_step"]
+    action_rows = rows_for[action_mode]
+
+    # 3. log-probs, each once (cached)
+    passes: dict[str, dict] = {}
+    common = {"teacher_mode": "live", "decay_steps": 0}
+    contexts = {
+        "full": (episodes, credit_config(spec.env, "stepopsd", span_mode="clean_step", **common)),
+        "outcome": (episodes, credit_config(spec.env, "stepopsd", span_mode="clean_step", hindsight_reference=False,
+                                            hindsight_peer=False, **common)),
+        "placebo": (placebo_episodes(episodes), credit_config(spec.env, "stepopsd", span_mode="clean_step", **common)),
+    }
+    types = [e.task_type for e in episodes]
+    note_sources = {"family note": write_placebo_notes(cache / "placebo-notes", spec, types),
+                    "whole note": write_placebo_notes(cache / "placebo-notes-all", spec, types, general=True)}
+    contexts["skills"] = (episodes, credit_config(spec.env, "agentopsd", **common))
+    for name, folder in (("skills-placebo", "placebo-notes"), ("skills-placebo-all", "placebo-notes-all")):
+        contexts[name] = (episodes, credit_config(spec.env, "agentopsd", skills_dir=str(cache / folder), **common))
+    # The action span's hindsight context is the whole response's when every action starts its response.
+    same_start = action_mode == "clean_step" or spans_start_together(action_rows, clean)
+    steps = ["student", *contexts] + ([] if same_start else [f"{c}-{action_mode}" for c in HINDSIGHT_CONTEXTS])
+    digest_clean = rows_digest(clean)
+    bar = tqdm(steps, desc=f"{spec.name} log-probs", unit="pass", disable=not progress)
+    for name in bar:
+        bar.set_postfix_str(name)
+        if name == "student":
+            passes[name] = cached_scores(cache / "student.pt", digest_clean, lambda: {
+                "logprobs": row_logprobs(model, clean, temperature=1.0, micro_batch_tokens=args.micro_batch_tokens,
+                                     progress="student" if progress else False)}, log, commit)
+            continue
+        base = name.removesuffix(f"-{action_mode}")
+        eps, config = contexts[base]
+        rows = clean
+        if base != name:
+            rows, config = action_rows, dataclasses.replace(config, span_mode=action_mode)
+
+        def score(eps=eps, rows=rows, config=config, name=name):
+            scores = score_teacher(model, tokenizer, eps, rows, config, temperature=1.0,
+                                   micro_batch_tokens=args.micro_batch_tokens, progress=name if progress else False)
+            return {"logprobs": scores.logprobs, "scored": scores.scored, "truncated": int(scores.truncated),
+                    "stats": scores.stats()}
+
+        passes[name] = cached_scores(cache / f"teacher-{name}.pt", context_digest(eps, config, rows_digest(rows)), score, log,
+                                     commit)
+    bar.close()
+    student = passes["student"]["logprobs"]
+
+    def teacher_for(context: str, rows) -> dict:
+        if rows is clean or same_start:
+            return passes[context]
+        return passes[f"{context}-{action_mode}"]
+
+    # 4. every method's credit
+    def credit(method: str, rows, context: str | None, **overrides):
+        config = credit_config(spec.env, method, **common, **overrides)
+        if context is None:
+            batch = rows.credit_batch(student)
+        else:
+            t = teacher_for(context, rows)
+            batch = rows.credit_batch(student, t["logprobs"], t["scored"], t["truncated"])
+        _, _, parts = compute_advantages(batch, config, 0, return_parts=True)
+        return parts
+
+    marks: dict = {}
+    variants = {
+        "grpo": ("grpo", action_rows, None, {}),
+        "gigpo": ("gigpo", action_rows, None, {}),
+        "stepopsd": ("stepopsd", action_rows, "full", {}),
+        "stepopsd outcome only": ("stepopsd", action_rows, "outcome", {}),
+        "stepopsd placebo": ("stepopsd", action_rows, "placebo", {}),
+        "stepopsd-nobudget": ("stepopsd", action_rows, "full", {"budget": False}),
+        "agentopsd": ("agentopsd", clean, "skills", {}),
+        "agentopsd placebo family note": ("agentopsd", clean, "skills-placebo", {}),
+        "agentopsd placebo note": ("agentopsd", clean, "skills-placebo-all", {}),
+        "rlsd": ("rlsd", clean, "full", {}),
+    }
+    items: dict[str, EpisodeItems] = {}
+    for name, (method, rows, context, overrides) in tqdm(variants.items(), desc=f"{spec.name} credit", unit="method",
+                                                         disable=not progress, leave=False):
+        parts = credit(method, rows, context, **overrides)
+        items[name] = EpisodeItems(episodes, rows, student, parts, tokenizer, labels, marks)
+
+    # 5. AUCs: one set of task draws for every cell
     rng = np.random.default_rng(args.seed)
-    from trainer.env_knowledge import credit_config
+    draws = resample_counts([e.group_key for e in episodes], args.bootstrap, rng)
+    ones = np.ones((1, len(episodes)), dtype=np.int64)
+    n_side = {"success": int(success.sum()), "failure": int((~success).sum())}
+    raw: dict[str, dict[str, np.ndarray]] = {}  # row -> column -> [point, *draws], for the differences
 
-    results: dict[str, dict] = {}
-    confidence: dict[str, dict] = {}  # per evidence: r(e_k, lp_S) and the slope b, per outcome
-    for name in METHODS:
-        method = name.split("-")[0]
-        overrides = {"teacher_mode": "live", "decay_steps": 0}
-        if name == "stepopsd-nobudget":
-            overrides["budget"] = False
-        config = credit_config(args.env, method, **overrides)
-        rows, student, parts = credit_pass(model, model, tokenizer, episodes, config)  # a live teacher
-        advantages, A = parts.advantages, parts.A_episode
-        turn_items = {"success": [], "failure": []}
-        evidence_items = {"success": [], "failure": []}
-        student_items = {"success": [], "failure": []}
-        token_items = {"success": [], "failure": []}
-        token_gap_items = {"success": [], "failure": []}
-        token_student_items = {"success": [], "failure": []}
-        paired = {"success": [], "failure": []}  # per episode: (e_k, lp_S, progress) of turns with both
-        for e, episode in enumerate(episodes):
-            side = "success" if episode.success else "failure"
-            K = episode.num_turns
-            credit, prog, ev, lp_sum = [], [], [], []
-            tok_scores, tok_labels, tok_gap, tok_lp = [], [], [], []
-            for r in (rows.row_episode == e).nonzero().squeeze(1).tolist():
-                for k in range(K):
-                    mine = rows.turn_id[r] == k
-                    span = mine & rows.span[r]
-                    if not bool(mine.any()):
-                        continue
-                    label = labels[episode.episode_id][k]
-                    if float(A[e]) != 0:  # float64 mean, rounded: equal token values give an exact tie
-                        credit.append(round(float(advantages[r][mine].double().mean()) / abs(float(A[e])), 6))
-                    else:
-                        credit.append(None)
-                    prog.append(bool(label["progress"]))
-                    lp_sum.append(float(student[r][span].sum()) if bool(span.any()) else None)
-                    ev.append(float(parts.evidence[e, k]) if parts.evidence is not None else None)
-                    if parts.token_weight is not None and bool(span.any()) and float(A[e]) != 0:
-                        positions = span.nonzero().squeeze(1)
-                        marks = expert_action_marks(tokenizer, rows, r, k, episode.turns[k].response,
-                                                    label.get("expert_action"), positions)
-                        if marks:
-                            sign = 1.0 if float(A[e]) > 0 else -1.0
-                            for p, mark in zip(positions.tolist(), marks, strict=True):
-                                if mark is None:
-                                    continue
-                                tok_scores.append(sign * (float(parts.token_weight[r, p]) - 1.0))
-                                tok_gap.append(float(parts.delta[r, p]))
-                                tok_lp.append(float(student[r, p]))
-                                tok_labels.append(bool(mark))
-            keep = [i for i, c in enumerate(credit) if c is not None]
-            if keep:
-                turn_items[side].append(([credit[i] for i in keep], [prog[i] for i in keep]))
-            keep = [i for i, v in enumerate(ev) if v is not None]
-            if keep:
-                evidence_items[side].append(([ev[i] for i in keep], [prog[i] for i in keep]))
-            keep = [i for i, v in enumerate(lp_sum) if v is not None]
-            if keep:
-                student_items[side].append(([lp_sum[i] for i in keep], [prog[i] for i in keep]))
-            keep = [i for i in range(len(ev)) if ev[i] is not None and lp_sum[i] is not None]
-            if keep:
-                paired[side].append([(ev[i], lp_sum[i], prog[i]) for i in keep])
-            if tok_scores:
-                token_items[side].append((tok_scores, tok_labels))
-                token_gap_items[side].append((tok_gap, tok_labels))
-                token_student_items[side].append((tok_lp, tok_labels))
+    def cell(row: str, column: str, fn, values) -> dict:
+        point, spread = fn(values, ones)[0], fn(values, draws)
+        raw.setdefault(row, {})[column] = np.concatenate([[point], spread])
+        return interval(point, spread, n_side[column.split("/")[1]])
+
+    results: dict[str, dict[str, dict]] = {}
+
+    def add_row(row: str, turn_items: list | None, token_items: list | None):
         entry = {}
         for side in ("success", "failure"):
-            if name != "stepopsd":  # StepOPSD's budget equalises every turn's mean |A~|: judged at token level
-                entry[f"turn/{side}/pooled"] = auc_with_interval(turn_items[side], args.bootstrap, rng)
-                entry[f"turn/{side}/within"] = auc_with_interval(turn_items[side], args.bootstrap, rng, strata=True)
-            if token_items[side]:
-                entry[f"token/{side}"] = auc_with_interval(token_items[side], args.bootstrap, rng)
-        results[name] = entry
-        # the raw signals, once per teacher: StepOPSD's (hindsight block), AgentOPSD's (skill note)
-        kind = {"stepopsd": "hindsight", "agentopsd": "skills"}.get(name)
-        if kind:
-            raw = {}
-            for side in ("success", "failure"):
-                raw[f"turn/{side}/within"] = auc_with_interval(evidence_items[side], args.bootstrap, rng, strata=True)
-                if token_gap_items[side]:
-                    raw[f"token/{side}"] = auc_with_interval(token_gap_items[side], args.bootstrap, rng)
-            results[f"evidence ({kind})"] = raw
-            beyond, confidence[kind] = {}, {}
-            for side in ("success", "failure"):
-                flat = np.array([t[:2] for ep in paired[side] for t in ep], dtype=float).reshape(-1, 2)
-                if len(flat) < 3 or flat[:, 1].std() == 0:
-                    continue
-                r = float(np.corrcoef(flat[:, 0], flat[:, 1])[0, 1])
-                b = float(np.polyfit(flat[:, 1], flat[:, 0], 1)[0])  # e_k ~ a + b lp_S (a: no effect within episodes)
-                confidence[kind][side] = {"r": r, "b": b}
-                items = [([ev_ - b * lp for ev_, lp, _ in ep], [pr for _, _, pr in ep]) for ep in paired[side]]
-                beyond[f"turn/{side}/within"] = auc_with_interval(items, args.bootstrap, rng, strata=True)
-            results[f"{kind} beyond lp_S"] = beyond
-        if name == "stepopsd":  # the student's own log-prob of the scored span
-            results["student log-prob"] = {
-                **{f"turn/{s}/within": auc_with_interval(student_items[s], args.bootstrap, rng, strata=True) for s in ("success", "failure")},
-                **{f"token/{s}": auc_with_interval(token_student_items[s], args.bootstrap, rng) for s in ("success", "failure") if token_student_items[s]},
-            }
+            if turn_items is not None:
+                entry[f"turn/{side}/within"] = cell(row, f"turn/{side}/within", within_auc,
+                                                    side_items(turn_items, success, side))
+            if token_items is not None and any(side_items(token_items, success, side)):
+                entry[f"token/{side}"] = cell(row, f"token/{side}", pooled_auc, side_items(token_items, success, side))
+        results[row] = entry
+
+    for name, it in items.items():
+        budgeted = name.startswith("stepopsd") and name != "stepopsd-nobudget"  # judged at token level only
+        add_row(name, None if budgeted else it.turn_credit,
+                it.token_credit if any(x is not None for x in it.token_credit) else None)
+    evidence_rows = {"evidence: hindsight full": "stepopsd", "evidence: hindsight outcome only": "stepopsd outcome only",
+                     "evidence: hindsight placebo": "stepopsd placebo", "evidence: skill note": "agentopsd",
+                     "evidence: placebo family note": "agentopsd placebo family note",
+                     "evidence: placebo note": "agentopsd placebo note"}
+    for row, source in evidence_rows.items():
+        add_row(row, items[source].evidence, items[source].token_gap)
+    confidence: dict[str, dict] = {}
+    for row, source in evidence_rows.items():
+        label = row.removeprefix("evidence: ")
+        entry, confidence[label] = {}, {}
+        for side in ("success", "failure"):
+            paired = side_items(items[source].paired, success, side)
+            point, b_point = beyond_auc(paired, ones)
+            spread, b_draws = beyond_auc(paired, draws)
+            column = f"turn/{side}/within"
+            raw.setdefault(f"beyond lp_S: {label}", {})[column] = np.concatenate([point, spread])
+            entry[column] = interval(point[0], spread, n_side[side])
+            flat = np.array([t for item in paired if item is not None for t in zip(item[0], item[1], strict=True)])
+            if len(flat) >= 3 and flat[:, 1].std() > 0:
+                finite = b_draws[np.isfinite(b_draws)]
+                confidence[label][side] = {
+                    "r": float(np.corrcoef(flat[:, 0], flat[:, 1])[0, 1]), "b": float(b_point[0]),
+                    "b_low": float(np.percentile(finite, 2.5)) if len(finite) else None,
+                    "b_high": float(np.percentile(finite, 97.5)) if len(finite) else None}
+        results[f"beyond lp_S: {label}"] = entry
+    add_row("student log-prob", items["stepopsd"].student, items["stepopsd"].token_student)
+
+    # paired differences: does the teacher read, or does any privileged text do?
+    comparisons = [("stepopsd", "stepopsd placebo"), ("stepopsd", "stepopsd outcome only"),
+                   ("evidence: hindsight full", "evidence: hindsight placebo"),
+                   ("beyond lp_S: hindsight full", "beyond lp_S: hindsight placebo"),
+                   ("agentopsd", "agentopsd placebo note"), ("agentopsd", "agentopsd placebo family note"),
+                   ("evidence: skill note", "evidence: placebo note"),
+                   ("beyond lp_S: skill note", "beyond lp_S: placebo note")]
+    differences = {}
+    for a, b in comparisons:
+        for column in COLUMNS:
+            if column in raw.get(a, {}) and column in raw.get(b, {}):
+                d = raw[a][column] - raw[b][column]
+                differences[f"{a} - {b} | {column}"] = interval(d[0], d[1:], n_side[column.split("/")[1]])
 
     wall = time.perf_counter() - started
-    header = (f"{args.env}, small rooms, max {args.max_turns} turns; {len(episodes)} episodes ({args.tasks} tasks x "
-              f"{args.group_size}, expert with detours p={args.detour}{', + policy rollouts' if args.policy_episodes else ''}): "
-              f"{100 * success:.0f}% success, {100 * progress_share:.0f}% of turns progress | warm start {args.warm_start} | "
-              f"AUC [95% interval over episodes, {args.bootstrap} draws]")
-    columns = ["turn/success/pooled", "turn/success/within", "turn/failure/pooled", "turn/failure/within",
-               "token/success", "token/failure"]
+    load_after = os.getloadavg()
+    header = (
+        f"{spec.env} ({', '.join(f'{k}={v}' for k, v in settings['options'].items() if k not in ('progress',))}); "
+        f"{len(episodes)} episodes ({args.tasks} tasks x {args.group_size}, the expert with detours "
+        f"p={settings['detour']}{', + policy rollouts' if args.policy_episodes else ''}): {100 * success.mean():.0f}% "
+        f"success, {turns} turns, {100 * progress_share:.0f}% of turns progress | model {model_label}, student and live "
+        f"teacher | AUC [95% interval, {args.bootstrap} draws of tasks]")
+    lines = [header, f"{'':<36}" + "".join(f"{c:>22}" for c in COLUMNS)]
 
-    def cell(v):
+    def show(v):
         if not v or v.get("auc") is None:
             return "-"
         return f"{v['auc']:.2f} [{v['low']:.2f}, {v['high']:.2f}]"
 
-    lines = [header, f"{'':<22}" + "".join(f"{c:>24}" for c in columns)]
     for name, entry in results.items():
-        lines.append(f"{name:<22}" + "".join(f"{cell(entry.get(c)):>24}" for c in columns))
-    for kind, sides in confidence.items():
-        lines.append(f"evidence ({kind}) against the student's log-prob of the span: " + "; ".join(
-            f"{side} r = {v['r']:+.2f}, slope {v['b']:+.2f}" for side, v in sides.items()))
-    lines.append(f"warm start {warm_seconds:.0f}s; total {wall:.0f}s")
+        lines.append(f"{name:<36}" + "".join(f"{show(entry.get(c)):>22}" for c in COLUMNS))
+    lines.append("paired differences (same draws):")
+    for name, v in differences.items():
+        a_b, column = name.split(" | ")
+        lines.append(f"  {a_b:<60} {column:<20} {v['auc']:+.2f} [{v['low']:+.2f}, {v['high']:+.2f}]"
+                     if v["auc"] is not None else f"  {a_b:<60} {column:<20} -")
+    for label, sides in confidence.items():
+        lines.append(f"e_k ({label}) against lp_S of the span: " + "; ".join(
+            f"{side} r = {v['r']:+.2f}, slope {v['b']:+.2f}"
+            + (f" [{v['b_low']:+.2f}, {v['b_high']:+.2f}]" if v["b_low"] is not None else "")
+            for side, v in sides.items()))
+    shared = ("the family scores whole responses" if action_mode == "clean_step"
+              else "the action span's hindsight log-probs come from the whole response's passes" if same_start
+              else "the action span has its own hindsight passes")
+    lines.append("placebo notes: " + "; ".join(f"{kind}: " + ", ".join(f"{k} <- {v}" for k, v in sources.items())
+                                              for kind, sources in note_sources.items()) + f"; {shared}")
+    cost = {name: {"seconds": round(float(p.get("seconds", 0)), 1), "commit": p.get("commit"), "load": p.get("load"),
+                   "date": p.get("date"), **({"tokens": p["stats"].get("teacher/tokens")} if "stats" in p else {})}
+            for name, p in passes.items()}
+    lines.append("forwards, when first computed (s): " + ", ".join(f"{k} {v['seconds']:.0f}" for k, v in cost.items()))
+    when = sorted({(v["date"], v["commit"]) for v in cost.values() if v["date"]})
+    loads = [x for v in cost.values() if v["load"] for x in v["load"]]
+    if when:
+        lines.append(f"  computed {when[0][0]} to {when[-1][0]} at commit(s) {', '.join(sorted({c for _, c in when}))}, "
+                     f"load {min(loads):.1f} to {max(loads):.1f} (1-min average at each pass's start and end)")
+    lines.append(f"this run: commit {commit}; load {load_before[0]:.1f} -> {load_after[0]:.1f} (1-min average); "
+                 f"{wall:.0f}s; {args.threads} torch thread(s)")
     table = "\n".join(lines)
-    print(table)
-    atomic_write_json(out / f"credit_quality-{args.warm_start}.json",
-                      {"args": vars(args), "success": success, "progress_share": progress_share, "results": results,
-                       "confidence": confidence, "wall_seconds": wall, "table": table})
+    report = {"args": {k: v for k, v in vars(args).items() if k != "families"}, "family": spec.name,
+              "settings": settings, "model": model_label, "success": float(success.mean()), "episodes": len(episodes),
+              "turns": turns, "progress_share": progress_share, "results": results, "differences": differences,
+              "confidence": confidence, "placebo_notes": note_sources, "action_span_shares_passes": same_start,
+              "passes": cost, "wall_seconds": wall, "load": [load_before, load_after], "commit": commit,
+              "table": table}
+    if spec.name == "alfworld":
+        report["goals"] = goals(report)
+        table += "\ngoals (issue 27):\n  " + "\n  ".join(report["goals"])
+        report["table"] = table
+    stem = out / f"credit_quality-{model_label}-{spec.name}"
+    atomic_write_json(stem.with_suffix(".json"), report)
+    atomic_write_text(stem.with_suffix(".txt"), table + "\n")
+    return report
+
+
+def spans_start_together(rows, wider) -> bool:
+    """Whether every turn's span in `rows` starts where its span in `wider` (the same tokens, a wider span
+    mode) does: then the StepOPSD teacher inserts its block at the same place for both, and the log-probs
+    of the narrower span are those of the wider pass (causal attention: later tokens change nothing)."""
+    for r in range(rows.num_rows):
+        narrow, wide = _first_positions(rows, r), _first_positions(wider, r)
+        if any(wide.get(k) != p for k, p in narrow.items()):
+            return False
+    return True
+
+
+def _first_positions(rows, r: int) -> dict[int, int]:
+    """{turn: the row position of its span's first token} for row r (positions >= 1, as the teacher scores)."""
+    import torch
+
+    L = int(rows.length[r])
+    span = rows.span[r, :L] & (rows.turn_id[r, :L] >= 0)
+    span[0] = False
+    out = {}
+    turn = rows.turn_id[r, :L]
+    for k in torch.unique(turn[span]).tolist():
+        out[int(k)] = int((span & (turn == k)).nonzero()[0])
+    return out
+
+
+def goals(report: dict) -> list[str]:
+    """The issue's goals for ALFWorld, checked: StepOPSD token level > 0.70 and AgentOPSD turn level > 0.65
+    in successful episodes, intervals above 0.5, and the placebos within 0.05 of 0.5."""
+    r = report["results"]
+
+    def check(row, column, above):
+        v = r.get(row, {}).get(column)
+        if not v or v["auc"] is None:
+            return f"{row} {column}: -"
+        ok = v["auc"] > above and v["low"] > 0.5
+        return f"{row} {column} {v['auc']:.2f} [{v['low']:.2f}, {v['high']:.2f}] > {above} and above 0.5: {'met' if ok else 'NOT met'}"
+
+    def placebo(row, column):
+        v = r.get(row, {}).get(column)
+        if not v or v["auc"] is None:
+            return f"{row} {column}: -"
+        ok = abs(v["auc"] - 0.5) <= 0.05
+        return f"{row} {column} {v['auc']:.2f} within 0.05 of 0.5: {'met' if ok else 'NOT met'}"
+
+    return [check("stepopsd", "token/success", 0.70), check("agentopsd", "turn/success/within", 0.65),
+            placebo("stepopsd placebo", "token/success"), placebo("agentopsd placebo note", "turn/success/within"),
+            placebo("agentopsd placebo family note", "turn/success/within")]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    import agentgym_opsd
+
+    torch.set_num_threads(args.threads)
+    agentgym_opsd.load_plugins()
+    progress = not args.no_progress
+    out = Path(args.out)
+    model, tokenizer, label, folder, load_seconds = load_model(args, out, progress)
+    for spec in args.families:
+        report = run_family(args, spec, model, tokenizer, label, folder, out, progress)
+        print(report["table"])
+        print(f"written: {out}/credit_quality-{label}-{spec.name}.json and .txt\n", flush=True)
+    print(f"model ready in {load_seconds:.0f}s")
     return 0
 
 

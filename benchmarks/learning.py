@@ -1,78 +1,92 @@
 """Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO's?
 
-    .venv/bin/python benchmarks/learning.py                    # ALFWorld Pick, small rooms, 4 methods, 1 seed
-    .venv/bin/python benchmarks/learning.py --seeds 3          # the README's figure (longer)
-    .venv/bin/python benchmarks/learning.py --methods grpo,stepopsd --steps 30 --out runs/learning
+    .venv/bin/python benchmarks/learning.py                       # the real model: 1 warm start, 1 seed, 4 methods
+    .venv/bin/python benchmarks/learning.py --seeds 3             # two more seeds per method (finished runs kept)
+    .venv/bin/python benchmarks/learning.py --seeds 3 --warm-starts 2
+    .venv/bin/python benchmarks/learning.py --quick               # a smoke run of every stage, about 15 minutes
+    .venv/bin/python benchmarks/learning.py --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
 
-1. Warm start once: a tiny Qwen3 (hidden 128, 2 layers, a 1024-token BPE trained on the env's text)
-   is fine-tuned on expert episodes of the training split, with random detours the expert recovers
-   from (`--sft-noise`; only the expert's turns are imitated) and, with `--sft-privileged` > 0, the
-   teacher's privileged contexts on that share of the episodes (a literate teacher, see
-   trainer/warm_start.py). Its held-out success is the starting point of every run.
-2. The held-out panel: valid_seen games, minus those with a twin in training (the same goal text and
-   the same expert plan: a policy could have memorised them), said in the output.
-3. For each method and each of `--seeds` seeds, the same RL run from that model: same seeds, same
-   tasks, same budget (`--steps` updates of T tasks x G episodes, full-chat context), evaluated on
-   the held-out panel at the end (greedy decoding, one episode per game; every `--eval-every`
-   updates for the curve). No checkpoint is picked on the panel.
-4. Final held-out success per method with a 95% interval (bootstrap over games, the mean over seeds),
-   and the paired difference to GRPO on the same seeds and games with its interval and a sign test
-   on the games where the two differ. `--jobs` runs (default 2) go at once, each in its own process on
-   one torch thread: the results are the same for any `--jobs`, the wall time is not. Writes OUT/learning.txt, OUT/learning.json and
-   OUT/learning.png (held-out success against updates, the first seed's runs).
-
-The default panel is the embedded one with 200 training and 300 valid_seen Pick games in small rooms;
-the first run generates it (cached under ~/.cache/agentgym-opsd). An interrupted run resumes from
-its checkpoints when the command is run again.
+1. Warm starts (`--warm-starts W`, each once, cached under OUT/warm<w>): the model fine-tuned on expert
+   episodes of ALFWorld Pick (small rooms) with random detours the expert recovers from (only the
+   expert's turns are imitated). For the real model (`--model smollm2-135m`, the default, or a model
+   folder): the searching expert (it looks for the object receptacle by receptacle, as a policy must),
+   1,000 training games, the top 8 layers trained, bf16 autocast where the CPU has bf16 units
+   (benchmarks/train_speed.py). Warm start w uses its own expert episodes and shuffling.
+2. The held-out panel: for the real model, valid_unseen games (floor plans the training never saw);
+   for the tiny model, valid_seen games without a training twin (the same goal and expert plan).
+   Greedy, one episode per game. Each warm start is evaluated on it once.
+3. For each warm start, method and seed (`--seeds S`), one RL run from that warm start: same tasks,
+   seeds and budget for every method (`--steps` updates of T tasks x G episodes, full chat),
+   evaluated on the held-out panel after the last update only (no checkpoint is picked). `--jobs`
+   runs at once, each in its own process on one torch thread; the results do not depend on it.
+   Every run resumes from its checkpoint, and a finished run is never redone: stop the command at
+   any point, or run it again with more seeds or warm starts, and only what is missing runs.
+4. Figures: per method, held-out success (mean over warm starts, seeds and games) and its paired
+   difference to GRPO (same warm start, seed and games), each with a 95% interval from a
+   hierarchical bootstrap that resamples warm starts, seeds within them and games: the interval
+   holds the run-to-run variance that decided rankings before, not game sampling alone (with one
+   run per method it cannot, and the table says so). From the observed spread of the per-run
+   differences, how many runs would measure each difference. The whole-step cost of each method
+   (rollout, teacher, update) against GRPO's, from the same invocation's runs. Writes
+   OUT/learning.txt, OUT/learning.json and OUT/learning.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 DEFAULT_METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
 
+# Per model kind: what a run of this benchmark trains and measures (command-line flags override).
+REAL = dict(
+    train_games=1000, eval_split="valid_unseen", eval_games=100, max_turns=15, expert_searches=True,
+    sft_episodes=400, sft_epochs=2, sft_lr=1e-4, sft_noise=0.25, train_layers=8, autocast="auto",
+    steps=12, tasks_per_step=4, group_size=4, lr=1e-5, lr_schedule="constant", mini_batches=2, max_new_tokens=32,
+)
+REAL_QUICK = dict(REAL, train_games=1000, eval_games=20, sft_episodes=60, sft_epochs=1, steps=2, tasks_per_step=2,
+                  group_size=4)
+TINY = dict(
+    train_games=200, eval_split="valid_seen", eval_games=300, max_turns=12, expert_searches=False,
+    sft_episodes=1500, sft_epochs=6, sft_lr=3e-3, sft_noise=0.25, train_layers=0, autocast="none",
+    steps=20, tasks_per_step=8, group_size=8, lr=1e-3, lr_schedule="linear", mini_batches=4, max_new_tokens=24,
+)
+TINY_QUICK = dict(TINY, eval_games=40, sft_episodes=200, sft_epochs=2, steps=2, tasks_per_step=4, group_size=4)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), a model folder, or tiny")
     ap.add_argument("--env", default="agentgym/ALFWorld-Pick-v0")
-    ap.add_argument("--option", action="append", default=None, metavar="KEY=VALUE",
-                    help="env keyword for training (default: room=small, split=train, max_turns=12, "
-                    "panel_size={train: 200, valid_seen: 300, valid_unseen: 10})")
-    ap.add_argument("--eval-option", action="append", default=None, metavar="KEY=VALUE",
-                    help="env keyword for the held-out panel (default: split=valid_seen)")
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
-    ap.add_argument("--seeds", type=int, default=1, help="RL runs per method (seeds 0..N-1), paired across methods")
-    ap.add_argument("--out", default="runs/learning")
-    ap.add_argument("--context", default="full")
-    ap.add_argument("--vocab-size", type=int, default=1024)
+    ap.add_argument("--seeds", type=int, default=1, help="RL runs per method and warm start (seeds 0..N-1), paired")
+    ap.add_argument("--warm-starts", type=int, default=1, help="independent warm starts (0..W-1), each with every run")
+    ap.add_argument("--quick", action="store_true", help="a smoke run of every stage (its own OUT)")
+    ap.add_argument("--out", help="default runs/learning-<model>[-quick]")
+    for name, kind in (("train-games", int), ("eval-games", int), ("max-turns", int), ("sft-episodes", int),
+                       ("sft-epochs", int), ("sft-lr", float), ("sft-noise", float), ("train-layers", int),
+                       ("steps", int), ("tasks-per-step", int), ("group-size", int), ("lr", float),
+                       ("mini-batches", int), ("max-new-tokens", int)):
+        ap.add_argument(f"--{name}", type=kind, help="default: the model kind's (see the REAL and TINY tables)")
+    ap.add_argument("--autocast", choices=("none", "bf16", "auto"))
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: one GPU, the model in bf16 "
+                    "(benchmarks/gpu_learning.sh runs this benchmark there at a larger budget)")
+    ap.add_argument("--lr-schedule", choices=("constant", "linear"))
+    ap.add_argument("--sft-privileged", type=float, default=0.0, help="literate warm start: the share of episodes "
+                    "also taught in the teacher's privileged contexts")
     ap.add_argument("--tiny-hidden", type=int, default=128)
     ap.add_argument("--tiny-layers", type=int, default=2)
-    ap.add_argument("--sft-episodes", type=int, default=1500)
-    ap.add_argument("--sft-epochs", type=int, default=6)
-    ap.add_argument("--sft-noise", type=float, default=0.25)
-    ap.add_argument("--sft-lr", type=float, default=3e-3)
-    ap.add_argument("--sft-privileged", type=float, default=0.0,
-                    help="literate warm start: share of episodes (default 0, plain: 800 episodes x 4 epochs at 0.5 gave "
-                    "a tiny policy at 0%% held-out success, nothing for RL to start from)")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--tasks-per-step", type=int, default=8)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--lr-schedule", default="linear", choices=("constant", "linear"))
-    ap.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per batch of rollouts")
-    ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--eval-games", type=int, default=300, help="valid_seen games considered (twins dropped)")
-    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--vocab-size", type=int, default=1024)
     ap.add_argument("--bootstrap", type=int, default=2000)
     ap.add_argument("--credit", action="append", default=[], metavar="KEY=VALUE", help="credit setting for every method")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
@@ -82,15 +96,102 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
+    for name in ("seeds", "warm_starts"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    tiny = args.model == "tiny"
+    profile = (TINY_QUICK if args.quick else TINY) if tiny else (REAL_QUICK if args.quick else REAL)
+    for name, value in profile.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    for name in ("train_games", "eval_games", "max_turns", "sft_episodes", "sft_epochs", "steps", "tasks_per_step",
+                 "group_size", "mini_batches", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not tiny:
+        from trainer.models import is_named_model
+
+        if not is_named_model(args.model) and not (Path(args.model) / "config.json").is_file():
+            ap.error(f"--model {args.model}: not a named model (smollm2-135m) nor a model folder (no config.json)")
+    if args.out is None:
+        label = Path(args.model).name if not tiny else "tiny"
+        args.out = f"runs/learning-{label}" + ("-quick" if args.quick else "")
     return args
 
 
+# ---------------------------------------------------------------------------------------------
+# Statistics (pure functions of the outcome tables)
+
+
+def hierarchical_bootstrap(table: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap means of a [warm starts, seeds, games] table: each draw resamples warm starts, then seeds
+    within each drawn warm start, then games (one set of games per draw, shared by every run, so a
+    paired table stays paired). Returns [draws] means."""
+    table = np.asarray(table, dtype=float)
+    W, S, G = table.shape
+    out = np.empty(draws)
+    for d in range(draws):
+        warm = rng.integers(0, W, size=W)
+        seeds = rng.integers(0, S, size=(W, S))
+        games = rng.integers(0, G, size=G)
+        out[d] = table[warm[:, None], seeds][:, :, games].mean()
+    return out
+
+
+def mean_interval(table: np.ndarray, draws: int, rng: np.random.Generator) -> tuple[float, float, float]:
+    """The table's mean and a 95% interval from one set of `hierarchical_bootstrap` draws."""
+    means = hierarchical_bootstrap(table, draws, rng)
+    return float(np.mean(table)), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def runs_needed(per_run: Sequence[float], target: float) -> int | None:
+    """How many runs (warm start x seed pairs) a mean difference needs for its 95% interval's half-width to
+    reach `target`, from the spread of the per-run differences seen (a normal approximation; it counts
+    the run-to-run spread, game sampling included, since each run's value is a mean over the same
+    games). None with fewer than two runs (no spread to go on) or a zero target."""
+    values = np.asarray(per_run, dtype=float)
+    if values.size < 2 or target <= 0:
+        return None
+    sd = float(values.std(ddof=1))
+    return max(values.size, math.ceil((1.96 * sd / target) ** 2))
+
+
+def wilson(wins: int, n: int) -> tuple[float, float]:
+    """95% Wilson interval of wins / n."""
+    if n == 0:
+        return 0.0, 1.0
+    z, p = 1.959964, wins / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def step_costs(metrics: Sequence[dict]) -> dict[str, float]:
+    """Median seconds per update of a run's phases (from its metrics.jsonl train records)."""
+    train = [r for r in metrics if r.get("kind") == "train"]
+    if not train:
+        return {}
+
+    def median(key):
+        values = [float(r[key]) for r in train if key in r]
+        return float(np.median(values)) if values else 0.0
+
+    return {"rollout": median("time/rollout_s"), "teacher": median("time/teacher_s"),
+            "scoring": median("time/scoring_s"), "update": median("time/update_s"), "step": median("time/step_s")}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
 def rl_run(config_fields: dict, progress: bool) -> float:
-    """One RL run (resumed from its checkpoint when there is one); returns its wall seconds. Runs in a
-    worker process when --jobs > 1 (each run is seeded and single-threaded: the same result either way)."""
+    """One training run (resumed from its checkpoint when there is one); returns its wall seconds. Runs
+    in a worker process when --jobs > 1 (each run is seeded and single-threaded: the same result either way)."""
+    import torch
+
     from trainer.config import TrainConfig
     from trainer.local import LocalTrainer
 
+    torch.set_num_threads(1)
     t0 = time.perf_counter()
     config = TrainConfig(**config_fields)
     resume = (Path(config.out) / "checkpoint.pt").exists()
@@ -98,64 +199,61 @@ def rl_run(config_fields: dict, progress: bool) -> float:
     return time.perf_counter() - t0
 
 
-def twin_free_seeds(env_id: str, train_options: dict, eval_options: dict, n_eval: int) -> tuple[list[int], int]:
-    """The first `n_eval` held-out games' reset seeds, minus the games whose (goal, expert plan) is
-    also a training game's; and how many were dropped."""
-    import agentgym_opsd
-
-    def key(env, seed):
-        env.reset(seed=seed)
-        lines = env.unwrapped.hindsight().reference.splitlines()
-        return tuple(line for line in lines if line.startswith(("Goal:", "Expert plan")))
-
-    train = agentgym_opsd.make(env_id, **train_options)
-    known = {key(train, s) for s in range(train.unwrapped.num_tasks)}
-    train.close()
-    held = agentgym_opsd.make(env_id, **eval_options)
-    seeds = [s for s in range(min(n_eval, held.unwrapped.num_tasks)) if key(held, s) not in known]
-    dropped = min(n_eval, held.unwrapped.num_tasks) - len(seeds)
-    held.close()
-    return seeds, dropped
-
-
-def final_outcomes(run_dir: Path, steps: int) -> list[int]:
-    """Success (0/1) per held-out game, in seed order, at the last update."""
+def final_outcomes(run_dir: Path, step: int) -> list[int]:
+    """Success (0/1) per held-out game, in seed order, at update `step`."""
     from agentgym_opsd.episode import load_episodes
 
-    episodes = load_episodes(run_dir / "episodes" / f"eval_{steps:05d}.jsonl")
+    episodes = load_episodes(run_dir / "episodes" / f"eval_{step:05d}.jsonl")
     return [int(e.success) for e in sorted(episodes, key=lambda e: int(e.episode_id.rsplit("-", 1)[1]))]
 
 
-def interval(table, rng, draws: int) -> tuple[float, float, float]:
-    """Mean over seeds and games of a [seeds, games] table, and a 95% bootstrap interval over games."""
-    import numpy as np
+def held_out_panel(args, env_options: dict) -> tuple[dict, list[int], str]:
+    """(eval env options, the panel's reset seeds, a line saying what the panel is)."""
+    eval_options = {"split": args.eval_split}
+    if args.eval_split == "valid_unseen":
+        return eval_options, list(range(args.eval_games)), (
+            f"held-out panel: {args.eval_games} valid_unseen games (floor plans the training never saw)")
+    from held_out_games import twin_free_seeds
 
-    table = np.asarray(table, dtype=float)
-    per_game = table.mean(axis=0)
-    picks = rng.integers(0, per_game.size, size=(draws, per_game.size))
-    means = per_game[picks].mean(axis=1)
-    return float(per_game.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    seeds, dropped = twin_free_seeds(args.env, {**env_options, "progress": False},
+                                     {**env_options, **eval_options, "progress": False}, args.eval_games)
+    return eval_options, seeds, (f"held-out panel: {len(seeds)} {args.eval_split} games ({dropped} of the first "
+                                 f"{args.eval_games} dropped: a training game has the same goal and expert plan)")
 
 
-def sign_test(a, b) -> tuple[int, int, float]:
-    """Two-sided sign test over (seed, game) pairs where a and b differ: (a wins, b wins, p)."""
-    wins_a = sum(1 for x, y in zip(a, b, strict=True) if x > y)
-    wins_b = sum(1 for x, y in zip(a, b, strict=True) if y > x)
-    n, k = wins_a + wins_b, min(wins_a, wins_b)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
-    return wins_a, wins_b, p
+def run_jobs(todo: dict, jobs: int, progress: bool) -> dict:
+    """Run every (key -> TrainConfig fields) job, `jobs` at a time; returns key -> wall seconds."""
+    seconds: dict = {}
+    if not todo:
+        return seconds
+    if jobs == 1:
+        for key, fields in todo.items():
+            seconds[key] = rl_run(fields, progress)
+            print(f"{key}: done in {seconds[key]:.0f}s", flush=True)
+        return seconds
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm.auto import tqdm
+
+    print(f"{len(todo)} runs, {jobs} at a time (one line per finished run)", flush=True)
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(rl_run, fields, False): key for key, fields in todo.items()}
+        with tqdm(total=len(futures), desc="runs", unit="run", disable=not progress) as bar:
+            for future in as_completed(futures):
+                key = futures[future]
+                seconds[key] = future.result()
+                bar.update(1)
+                bar.write(f"{key}: done in {seconds[key]:.0f}s")
+    return seconds
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import numpy as np
-
     import agentgym_opsd
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text
+    from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_jsonl
     from agentgym_opsd.usage import parse_options
-    from trainer.config import TrainConfig
     from trainer.credit.config import METHODS
-    from trainer.local import LocalTrainer
     from trainer.plots import plot_comparison
 
     agentgym_opsd.load_plugins()
@@ -164,119 +262,127 @@ def main(argv=None) -> int:
     if bad:
         print(f"learning.py: unknown method(s) {bad}; use {', '.join(METHODS)}", file=sys.stderr)
         return 2
-    env_options = parse_options(args.option) if args.option is not None else {
-        "room": "small", "split": "train", "max_turns": 12,
-        "panel_size": {"train": 200, "valid_seen": 300, "valid_unseen": 10},
-    }
-    eval_options = parse_options(args.eval_option) if args.eval_option is not None else {"split": "valid_seen"}
+    tiny = args.model == "tiny"
     out = Path(args.out)
     started = time.perf_counter()
-    seeds, dropped = twin_free_seeds(args.env, {**env_options, "progress": False},
-                                     {**env_options, **eval_options, "progress": False}, args.eval_games)
-    print(f"held-out panel: {len(seeds)} {eval_options} games ({dropped} of the first {args.eval_games} dropped: "
-          "a training game has the same goal and expert plan)")
+    load_before = os.getloadavg()[0]
+    panel = {"train": args.train_games, "valid_seen": args.eval_games if args.eval_split == "valid_seen" else 0,
+             "valid_unseen": args.eval_games if args.eval_split == "valid_unseen" else 0}
+    env_options = {"room": "small", "split": "train", "max_turns": args.max_turns, "panel_size": panel,
+                   "panel_own_types": True, "expert_searches": bool(args.expert_searches), "progress": False}
+    eval_options, seeds, panel_line = held_out_panel(args, env_options)
+    print(panel_line, flush=True)
+    model_fields = (dict(model="tiny", tokenizer="trained", vocab_size=args.vocab_size, tiny_hidden=args.tiny_hidden,
+                         tiny_layers=args.tiny_layers) if tiny else dict(model=args.model))
     common = dict(
-        env_id=args.env, env_options=env_options, eval_env_options=eval_options, context=args.context,
+        env_id=args.env, env_options=env_options, eval_env_options=eval_options, context="full",
         eval_episodes=len(seeds), eval_seeds=seeds, eval_temperature=0.0, max_new_tokens=args.max_new_tokens,
-        device="cpu",
+        device=args.device, cpu_threads=1 if args.device == "cpu" else 0, train_layers=args.train_layers,
+        autocast=args.autocast if args.device == "cpu" else "none",  # CUDA: the weights are bf16 already
     )
 
-    # 1. the shared warm start, evaluated once
-    sft_dir = out / "sft"
-    if not (sft_dir / "model" / "config.json").exists():
-        sft = TrainConfig(
-            out=str(sft_dir), method="grpo", model="tiny", tokenizer="trained", vocab_size=args.vocab_size,
-            tiny_hidden=args.tiny_hidden, tiny_layers=args.tiny_layers, sft_episodes=args.sft_episodes,
-            sft_epochs=args.sft_epochs, sft_noise=args.sft_noise, sft_lr=args.sft_lr, sft_privileged=args.sft_privileged,
-            steps=0, save_every=0, seed=0, **common,
-        )
-        LocalTrainer(sft, progress=args.progress).run()
-    start = final_outcomes(sft_dir, 0)
-    sft_seconds = time.perf_counter() - started
-    print(f"warm start: held-out success {100 * np.mean(start):.1f}% ({sft_seconds:.0f}s)")
+    # 1. the warm starts, each evaluated once on the held-out panel
+    warm_todo = {}
+    for w in range(args.warm_starts):
+        warm = out / f"warm{w}"
+        if not (warm / "report.json").exists():
+            warm_todo[("warm start", w)] = dict(
+                out=str(warm), method="grpo", steps=0, save_every=0, seed=w, sft_seed=1_000_000 + 100_000 * w,
+                sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_noise=args.sft_noise,
+                sft_lr=args.sft_lr, sft_privileged=args.sft_privileged, **model_fields, **common,
+            )
+    warm_seconds = run_jobs(warm_todo, args.jobs, args.progress)
+    starts = {w: final_outcomes(out / f"warm{w}", 0) for w in range(args.warm_starts)}
+    for w, outcomes in starts.items():
+        low, high = wilson(sum(outcomes), len(outcomes))
+        print(f"warm start {w}: held-out {sum(outcomes)}/{len(outcomes)} = {100 * np.mean(outcomes):.1f}% "
+              f"[{100 * low:.1f}, {100 * high:.1f}]", flush=True)
 
-    # 2. one RL run per method and seed from the warm-started model, paired seeds and budget; --jobs
-    #    of them at once (each in its own process, one torch thread)
+    # 2. the RL runs: seed 0 of every method (and warm start) first, so a stopped run has whole seeds
     todo = {}
-    for method in methods:
-        for seed in range(args.seeds):
-            run_dir = out / method / f"seed{seed}"
-            if not (run_dir / "report.json").exists():
-                todo[(method, seed)] = dict(
-                    out=str(run_dir), method=method, model=str(sft_dir / "model"), steps=args.steps, seed=seed,
-                    tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr,
-                    lr_schedule=args.lr_schedule, mini_batches=args.mini_batches, eval_every=args.eval_every,
-                    eval_before=False, credit=parse_options(args.credit), save_every=5, **common,
-                )
-    run_seconds: dict[tuple[str, int], float] = {}
-    if todo and args.jobs == 1:
-        for key, fields in todo.items():
-            run_seconds[key] = rl_run(fields, args.progress)
-    elif todo:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        from tqdm.auto import tqdm
-
-        print(f"{len(todo)} RL runs, {args.jobs} at a time (one line per finished run)")
-        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(rl_run, fields, False): key for key, fields in todo.items()}
-            with tqdm(total=len(futures), desc="RL runs", unit="run", disable=not args.progress) as bar:
-                for future in as_completed(futures):
-                    key = futures[future]
-                    run_seconds[key] = future.result()
-                    bar.update(1)
-                    bar.write(f"{key[0]} seed {key[1]}: done in {run_seconds[key]:.0f}s")
-    finals: dict[str, list[list[int]]] = {}
-    seconds: dict[str, float] = {}
-    for method in methods:
-        finals[method] = [final_outcomes(out / method / f"seed{seed}", args.steps) for seed in range(args.seeds)]
-        seconds[method] = sum(run_seconds.get((method, seed), 0.0) for seed in range(args.seeds))
-        rates = [100 * np.mean(x) for x in finals[method]]
-        print(f"{method}: {100 * np.mean(start):.1f}% -> " + ", ".join(f"{r:.1f}%" for r in rates) + f" ({seconds[method]:.0f}s)")
+    credit = parse_options(args.credit)
+    for seed in range(args.seeds):
+        for w in range(args.warm_starts):
+            for method in methods:
+                run_dir = out / f"warm{w}" / method / f"seed{seed}"
+                if not (run_dir / "report.json").exists():
+                    todo[(method, w, seed)] = dict(
+                        out=str(run_dir), method=method, model=str(out / f"warm{w}" / "model"), steps=args.steps,
+                        seed=seed, tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr,
+                        lr_schedule=args.lr_schedule, mini_batches=args.mini_batches, eval_every=0,
+                        eval_before=False, credit=credit, save_every=1, **common,
+                    )
+    run_seconds = run_jobs(todo, args.jobs, args.progress)
 
     # 3. the figures
     rng = np.random.default_rng(0)
-    wall = time.perf_counter() - started
-    n = len(seeds)
-    _, start_low, start_high = interval([start], rng, args.bootstrap)  # one set of draws for both bounds
+    W, S, G = args.warm_starts, args.seeds, len(seeds)
+    finals = {m: np.array([[final_outcomes(out / f"warm{w}" / m / f"seed{s}", args.steps) for s in range(S)]
+                           for w in range(W)], dtype=float) for m in methods}
+    costs = {m: [step_costs(read_jsonl(out / f"warm{w}" / m / f"seed{s}" / "metrics.jsonl"))
+                 for w in range(W) for s in range(S)] for m in methods}
+    start_table = np.array([[starts[w]] for w in range(W)], dtype=float)  # [W, 1, G]
+    start_mean, start_low, start_high = mean_interval(start_table, args.bootstrap, rng)
+    what = "tiny Qwen3" if tiny else args.model
+    trained = (f"top {args.train_layers} layers" if args.train_layers else "all weights") + f", autocast {args.autocast}"
+    runs = W * S
     lines = [
-        f"env {args.env} {env_options} | held-out {eval_options}: {n} games ({dropped} twins of training games "
-        f"dropped), greedy | tiny Qwen3 hidden {args.tiny_hidden} x {args.tiny_layers} | warm start {args.sft_episodes} "
-        f"expert episodes (detours {args.sft_noise}, privileged share {args.sft_privileged}) | {args.steps} updates x "
-        f"{args.tasks_per_step} tasks x {args.group_size} episodes | context {args.context} | {args.seeds} seed(s)",
-        f"warm start: {100 * np.mean(start):.1f}% (95% interval over games "
-        f"[{100 * start_low:.1f}, {100 * start_high:.1f}])",
-        f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs GRPO':>9} {'95% interval':>18} {'sign test':>16} {'RL wall':>8}",
+        f"{args.env}, small rooms, {args.max_turns} turns, {args.train_games} training games | {panel_line}, greedy | "
+        f"{what}, {trained} | warm start: {args.sft_episodes} expert episodes x {args.sft_epochs} epochs "
+        f"({'searching' if args.expert_searches else 'planner'} expert, detours {args.sft_noise}, lr {args.sft_lr}) | "
+        f"RL: {args.steps} updates x {args.tasks_per_step} tasks x {args.group_size} episodes, lr {args.lr} | "
+        f"{W} warm start(s) x {S} seed(s)",
+        f"warm start: {100 * start_mean:.1f}% [{100 * start_low:.1f}, {100 * start_high:.1f}]",
+        f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "
+        f"{'step s':>7} {'rollout':>8} {'teacher':>8} {'update':>7} {'x GRPO':>7}",
     ]
+    grpo_step = float(np.median([c["step"] for c in costs.get("grpo", []) if c])) if costs.get("grpo") else None
     results = {}
     for method in methods:
-        mean, low, high = interval(finals[method], rng, args.bootstrap)
-        entry = {"success": mean, "interval": [low, high], "per_seed": [float(np.mean(x)) for x in finals[method]],
-                 "seconds": seconds[method]}
-        diff = "-"
-        diff_ci = "-"
-        test = "-"
+        mean, low, high = mean_interval(finals[method], args.bootstrap, rng)
+        phase = {k: float(np.median([c[k] for c in costs[method] if c])) for k in ("step", "rollout", "teacher",
+                                                                                  "update")}
+        entry = {"success": mean, "interval": [low, high], "per_run": finals[method].mean(axis=2).tolist(),
+                 "step_seconds": phase}
+        diff = diff_ci = need = "-"
         if method != "grpo" and "grpo" in finals:
-            delta = np.asarray(finals[method], dtype=float) - np.asarray(finals["grpo"], dtype=float)
-            d, d_low, d_high = interval(delta, rng, args.bootstrap)
-            wins, losses, p = sign_test(sum(finals[method], []), sum(finals["grpo"], []))
-            entry["vs_grpo"] = {"difference": d, "interval": [d_low, d_high], "wins": wins, "losses": losses, "p": p}
-            diff, diff_ci, test = f"{100 * d:+.1f}", f"[{100 * d_low:+.1f}, {100 * d_high:+.1f}]", f"{wins}:{losses} p={p:.2f}"
+            delta = finals[method] - finals["grpo"]
+            d, d_low, d_high = mean_interval(delta, args.bootstrap, rng)
+            per_run = delta.mean(axis=2).ravel()
+            needed = runs_needed(per_run, 0.02)
+            entry["vs_grpo"] = {"difference": d, "interval": [d_low, d_high], "per_run": per_run.tolist(),
+                                "runs_for_2_points": needed}
+            diff, diff_ci = f"{100 * d:+.1f}", f"[{100 * d_low:+.1f}, {100 * d_high:+.1f}]"
+            need = str(needed) if needed is not None else "?"
+        ratio = f"{phase['step'] / grpo_step:.2f}" if grpo_step else "-"
         results[method] = entry
-        lines.append(f"{method:<10} {100 * mean:>8.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} {diff:>9} {diff_ci:>18} "
-                     f"{test:>16} {seconds[method]:>7.0f}s")
-    lines.append("After RL: the mean over seeds of the final held-out success; intervals: bootstrap over games. vs GRPO: "
-                 "the paired difference (same seeds, same games); sign test over the (seed, game) pairs that differ. "
-                 f"RL wall: the sum of the method's runs' wall times in this invocation ({args.jobs} run(s) at once).")
-    lines.append(f"warm start {sft_seconds:.0f}s; total wall time {wall:.0f}s ({wall / 60:.1f} min)")
+        lines.append(f"{method:<10} {100 * mean:>8.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} {diff:>9} "
+                     f"{diff_ci:>18} {need:>12} {phase['step']:>7.0f} {phase['rollout']:>8.0f} {phase['teacher']:>8.0f} "
+                     f"{phase['update']:>7.0f} {ratio:>7}")
+    lines.append(
+        "After RL: held-out success at the last update, the mean over warm starts, seeds and games. Intervals: a "
+        "hierarchical bootstrap (warm starts, seeds within them, games), paired for the difference to GRPO. "
+        + ("With one run per method the interval holds game sampling only: the run-to-run spread, which decided "
+           "rankings before, is not in it. " if runs == 1 else "")
+        + "runs for +-2: warm start x seed runs for a +-2-point interval on the difference, from the per-run spread "
+          "seen ('?': one run shows no spread). Step seconds: medians per update, each run on one thread, "
+          f"{args.jobs} at a time.")
+    wall = time.perf_counter() - started
+    load_after = os.getloadavg()[0]
+    lines.append(f"this invocation: {wall / 60:.1f} min (warm starts {sum(warm_seconds.values()):.0f}s, "
+                 f"RL runs {sum(run_seconds.values()):.0f}s of run time), load average {load_before:.1f} -> "
+                 f"{load_after:.1f}")
     table = "\n".join(lines)
     print(table)
     atomic_write_text(out / "learning.txt", table + "\n")
-    atomic_write_json(out / "learning.json", {"args": vars(args), "held_out_seeds": seeds, "twins_dropped": dropped,
-                                              "warm_start": float(np.mean(start)), "results": results, "wall_seconds": wall})
-    plot_comparison({m: out / m / "seed0" for m in methods}, out / "learning.png",
-                    title=f"held-out success, {args.env.split('/')[-1]}\n(warm start {100 * np.mean(start):.1f}%, seed 0)")
+    atomic_write_json(out / "learning.json", {
+        "args": vars(args), "held_out_seeds": seeds, "warm_start": {"success": start_mean,
+                                                                     "interval": [start_low, start_high],
+                                                                     "per_warm_start": [float(np.mean(starts[w]))
+                                                                                        for w in range(W)]},
+        "results": results, "wall_seconds": wall, "load": [load_before, load_after]})
+    plot_comparison({m: out / "warm0" / m / "seed0" for m in methods}, out / "learning.png",
+                    title=f"held-out success, {args.env.split('/')[-1]}, {what}\n(warm start {100 * start_mean:.1f}%)")
     print(f"wrote {out / 'learning.txt'}, {out / 'learning.json'} and {out / 'learning.png'}")
     return 0
 

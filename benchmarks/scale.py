@@ -11,8 +11,8 @@ Retrieval (sizes: passages): a corpus generated with the statistics of ../shared
   in the wiki-18 sample). Per size: `agentgym-opsd index build` wall time and peak RSS, index size,
   the server's start time and RSS (`agentgym-opsd serve-retrieval`, anonymous and file-backed: the
   mapped index pages count in RSS), and queries/s with p50/p99 request latency at 16 concurrent
-  clients x 1 and x 8 queries per request (benchmarks/retrieval_speed.py's load driver), with NQ-open
-  dev questions as queries, after a warm-up until the JIT settles.
+  clients x 1 and x 8 queries per request (benchmarks/retrieval_load.py, retrieval_speed.py's load
+  driver), with NQ-open dev questions as queries, after a warm-up until the JIT settles.
 WebShop (sizes: products): a catalog generated from the real sample's field statistics (titles,
   descriptions, bullets, options, prices, categories, queries; attributes and instructions as in
   items_ins_v2). Per size: benchmarks/webshop_speed.py in a fresh process (catalog load, goals,
@@ -56,9 +56,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
-for _p in (str(REPO), str(BENCH)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+if str(REPO) not in sys.path:  # this checkout's packages, whatever the venv has installed
+    sys.path.insert(0, str(REPO))
 
 SHARED = REPO.parent / "shared" / "data"
 WIKI = SHARED / "wiki"
@@ -492,7 +491,8 @@ def nq_questions() -> list[str]:
 
 def measure_retrieval(n: int, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Generate, index and serve `n` passages; the figures of one size."""
-    import retrieval_speed
+    from retrieval_load import run_load, warm_up
+
     from retrieval_index.process import RetrievalServer
 
     figures: dict[str, Any] = {}
@@ -522,11 +522,11 @@ def measure_retrieval(n: int, work: Path, args: argparse.Namespace) -> dict[str,
         figures["server_start_s"] = round(time.perf_counter() - t0, 2)
         pid = server.process.pid  # type: ignore[union-attr]
         figures["server_idle"] = proc_status_mib(pid)
-        passes = retrieval_speed.warm_up(pid, lambda: retrieval_speed.run_load(server.url, queries, clients=16, per_request=8, seconds=args.seconds))
+        passes = warm_up(pid, lambda: run_load(server.url, queries, clients=16, per_request=8, seconds=args.seconds))
         figures["warm_up_passes"] = passes
         figures["server_warm"] = proc_status_mib(pid)
         for name, per_request in (("16x1", 1), ("16x8", 8)):
-            result = retrieval_speed.run_load(server.url, queries * args.query_repeats, clients=16, per_request=per_request, seconds=args.seconds)
+            result = run_load(server.url, queries * args.query_repeats, clients=16, per_request=per_request, seconds=args.seconds)
             figures[f"load_{name}"] = result
             print(f"  16 clients x {per_request}: {result['qps']} q/s, p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
                   f"{result['errors']} errors", flush=True)  # fmt: skip

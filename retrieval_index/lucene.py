@@ -333,9 +333,10 @@ def build_index_in_child(
 
     For a process that builds an index and then keeps running (an env that indexes its catalog on
     first use): indexing grows the JVM's heap with the corpus (Anserini buffers up to 4 GB of
-    postings before it writes them, and the JVM keeps the heap it grew; WebShop's env process held
-    about 0.7 GB more after indexing 100k products), and a JVM never gives that back. In a child it
-    goes when the child exits; this process starts its JVM later, to search, at the searcher's size.
+    postings before it writes them, and the JVM keeps the heap it grew; what WebShop's env process
+    kept is in the README's At scale section, from benchmarks/scale.py), and a JVM never gives that
+    back. In a child it goes when the child exits; this process starts its JVM later, to search, at
+    the searcher's size.
 
     Raises:
         FileExistsError: `out_dir` holds something and `overwrite` is False.

@@ -139,7 +139,9 @@ def autocast_context(name: str, device):
     if name == "none":
         return contextlib.nullcontext()
     if name == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+        # cache_enabled=False: a cached bf16 copy of a weight would outlive the optimizer steps taken
+        # inside one context (an SFT epoch), and the forwards would not see the updates.
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
     raise PolicyLoadError(f"autocast {name!r}: use none, bf16 or auto")
 
 

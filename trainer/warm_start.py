@@ -62,25 +62,33 @@ class PerturbedExpert:
     itself (a wrong receptacle, an object not found yet), so a policy fine-tuned on the expert's
     turns also learns how to recover. `detours` holds `(episode_id, turn)` of the random turns
     (SFT leaves them out). Draws depend on (seed, episode id, turn) only, not on batching.
+
+    An env that lists no admissible actions (Search-QA: any query is valid) gets no detours, unless
+    `free_form_detours`: then a detour is the env's own `random_action` written in its format (on
+    Search-QA a search of a few random words of the question and the last passages, a guess on the
+    last turn).
     """
 
-    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, noise: float = 0.0, seed: int = 0, *, free_form_detours: bool = False) -> None:
         self.name = "expert"
         self.noise = float(noise)
         self.seed = int(seed)
+        self.free_form_detours = bool(free_form_detours)
         self.expert = ExpertAgent()
         self.detours: set[tuple[str, int]] = set()
         self.corrections: dict[tuple[str, int], str] = {}  # detour -> the turn the expert would have written
 
     def act(self, messages, info, env) -> str:
         step = info.get("step")
-        if step is not None and self.noise > 0 and step.admissible_actions:
+        if step is not None and self.noise > 0 and (step.admissible_actions or self.free_form_detours):
             digest = hashlib.blake2b(step.episode_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
             rng = np.random.default_rng([self.seed, int.from_bytes(digest, "little"), int(step.turn)])
             if rng.random() < self.noise:
                 self.detours.add((step.episode_id, int(step.turn)))
                 self.corrections[(step.episode_id, int(step.turn))] = self.expert.act(messages, info, env)
                 actions = step.admissible_actions
+                if not actions:
+                    return env.format_action(env.random_action(rng))
                 return env.format_action(actions[int(rng.integers(len(actions)))])
         return self.expert.act(messages, info, env)
 

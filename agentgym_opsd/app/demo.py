@@ -140,7 +140,8 @@ class _Stages:
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool = True) -> Path:
     """Run the demo into `out`; returns the report's path."""
     import agentgym_opsd
-    from agentgym_opsd.app.bench import config_from_dict, run_bench
+    from agentgym_opsd.app.bench import run_bench
+    from agentgym_opsd.app.bench_config import config_from_dict
     from agentgym_opsd.app.report import write_report
     from agentgym_opsd.io import atomic_write_json
 

@@ -85,5 +85,5 @@ def register() -> None:
             credit_defaults=CREDIT_DEFAULTS,
             skill_notes=notes,
         )
-    register_agent("searchqa-oracle", "environments.searchqa.agents:OracleAgent")
-    register_agent("searchqa-baseline", "environments.searchqa.agents:RetrievalBaselineAgent")
+    register_agent("searchqa-oracle", "environments.searchqa.scripted_agents:OracleAgent")
+    register_agent("searchqa-baseline", "environments.searchqa.scripted_agents:RetrievalBaselineAgent")

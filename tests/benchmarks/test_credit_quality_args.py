@@ -1,4 +1,4 @@
-"""benchmarks/credit_quality.py answers a bad --train-games with one usage line, not a traceback."""
+"""benchmarks/credit_quality.py answers bad arguments with one usage line, not a traceback."""
 
 from __future__ import annotations
 
@@ -9,8 +9,18 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "credit_quality.py"
 
 
-def test_train_games_below_one_is_a_usage_error():
-    for bad, says in (("0", "--train-games must be >= 1"), ("many", "invalid int value")):
-        done = subprocess.run([sys.executable, str(SCRIPT), "--train-games", bad], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2
-        assert says in done.stderr and "Traceback" not in done.stderr
+def test_bad_arguments_are_usage_errors(tmp_path):
+    cases = (
+        (["--train-games", "0"], "--train-games must be >= 1"),
+        (["--train-games", "many"], "invalid int value"),
+        (["--tasks", "0"], "--tasks must be >= 1"),
+        (["--detour", "1.5"], "--detour is a probability"),
+        (["--model", str(tmp_path)], "no config.json"),
+        (["--model", "tiny", "--family", "webshop"], "ALFWorld Pick only"),
+        (["--family", "all", "--env", "agentgym/WebShop-v0"], "not both"),
+        (["--env", "agentgym/Nope-v0"], "no env registered"),
+    )
+    for args, says in cases:
+        done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, (args, done.stderr)
+        assert says in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)

@@ -1,4 +1,5 @@
-"""benchmarks/learning.py answers a bad --jobs with one usage line, not a traceback."""
+"""benchmarks/learning.py: usage errors in one line, and its statistics (pure functions) doing what the
+table says they do."""
 
 from __future__ import annotations
 
@@ -6,11 +7,65 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "learning.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+import learning  # noqa: E402
 
 
-def test_jobs_below_one_is_a_usage_error():
-    for bad, says in (("0", "--jobs must be >= 1"), ("-2", "--jobs must be >= 1"), ("two", "invalid int value")):
-        done = subprocess.run([sys.executable, str(SCRIPT), "--jobs", bad], capture_output=True, text=True, timeout=120)
+def test_bad_counts_are_usage_errors():
+    for flag, bad, says in (("--jobs", "0", "--jobs must be >= 1"), ("--jobs", "-2", "--jobs must be >= 1"),
+                            ("--jobs", "two", "invalid int value"), ("--seeds", "0", "--seeds must be >= 1"),
+                            ("--model", "no/such/folder", "not a named model")):
+        done = subprocess.run([sys.executable, str(SCRIPT), flag, bad], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2
         assert says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_each_model_kind_gets_its_own_defaults_and_flags_override_them():
+    real = learning.parse_args([])
+    assert (real.model, real.train_layers, real.eval_split, real.out) == ("smollm2-135m", 8, "valid_unseen",
+                                                                           "runs/learning-smollm2-135m")
+    tiny = learning.parse_args(["--model", "tiny", "--steps", "3", "--quick"])
+    assert (tiny.train_layers, tiny.eval_split, tiny.steps, tiny.out) == (0, "valid_seen", 3, "runs/learning-tiny-quick")
+
+
+def test_the_interval_holds_the_run_to_run_spread_not_only_games():
+    rng = np.random.default_rng(0)
+    games = rng.random(100) < 0.3
+    # two warm starts x three seeds whose runs differ a lot (the same games won or lost as a block)
+    shift = np.array([[0.0, 0.2, -0.2], [0.3, -0.1, 0.1]])
+    table = np.clip(games[None, None, :] + shift[:, :, None], 0, 1)
+    spread = learning.hierarchical_bootstrap(table, 2000, np.random.default_rng(1))
+    games_only = learning.hierarchical_bootstrap(table.mean(axis=(0, 1), keepdims=True), 2000, np.random.default_rng(1))
+    assert np.percentile(spread, 97.5) - np.percentile(spread, 2.5) > \
+        1.3 * (np.percentile(games_only, 97.5) - np.percentile(games_only, 2.5))
+    # one run: games alone, the same draws as a plain bootstrap over games
+    one = learning.hierarchical_bootstrap(table[:1, :1], 500, np.random.default_rng(2))
+    plain_rng = np.random.default_rng(2)
+    plain = []
+    for _ in range(500):
+        plain_rng.integers(0, 1, size=1), plain_rng.integers(0, 1, size=(1, 1))
+        plain.append(table[0, 0, plain_rng.integers(0, 100, size=100)].mean())
+    assert np.allclose(one, plain)
+    mean, low, high = learning.mean_interval(table, 1000, np.random.default_rng(3))
+    assert low < mean < high and mean == pytest.approx(table.mean())
+
+
+def test_runs_needed_follows_the_spread_seen():
+    assert learning.runs_needed([0.05], 0.02) is None  # one run: no spread to go on
+    per_run = [0.0, 0.1, -0.1, 0.05, -0.05]  # sd 0.079
+    assert learning.runs_needed(per_run, 0.02) == int(np.ceil((1.96 * np.std(per_run, ddof=1) / 0.02) ** 2))
+    assert learning.runs_needed(per_run, 1.0) == len(per_run)  # never fewer than were run
+
+
+def test_wilson_and_step_costs():
+    low, high = learning.wilson(13, 200)
+    assert (round(100 * low, 1), round(100 * high, 1)) == (3.8, 10.8)  # the demo's figures
+    metrics = [{"kind": "train", "time/step_s": s, "time/rollout_s": 1, "time/update_s": 2, "time/scoring_s": 3}
+               for s in (10, 30, 20)] + [{"kind": "eval", "time/step_s": 99}]
+    costs = learning.step_costs(metrics)
+    assert costs["step"] == 20 and costs["teacher"] == 0.0 and costs["update"] == 2

@@ -85,3 +85,19 @@ def test_bf16_autocast_scores_near_float32_and_auto_follows_the_cpu(tmp_path):
     assert_close_to_scale(half, full, rel=2e-2, what="bf16 log-probs")
     auto = autocast_context("auto", "cpu")
     assert isinstance(auto, torch.autocast) == cpu_has_fast_bf16()
+
+
+def test_weights_updated_inside_one_autocast_context_are_seen_by_the_next_forward():
+    """An SFT epoch runs many optimizer steps inside one `compute()` context. With autocast's weight
+    cache on, every forward after the first reused the first bf16 copy of each weight: the epoch did
+    not see its own updates (a warm start that learned nothing in its first epoch)."""
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=1.0)
+    with autocast_context("bf16", "cpu"):
+        first = layer(x)
+        (-first.float().sum()).backward()
+        optimizer.step()
+        second = layer(x)
+    assert first.dtype == torch.bfloat16  # the product ran in bf16
+    assert float((second - first).abs().max()) > 1.0  # the step moved the weights, and the forward saw it

@@ -47,7 +47,7 @@ class RunData:
             `train:<method>`.
         meta: counts and notes shown in the header (`about`: the run folder's `about.txt`, a
             note its producer left for readers, e.g. the demo's "what this run is").
-        bench: the bench's config (`agentgym_opsd.app.bench.BenchConfig`, from config.json), or None.
+        bench: the bench's config (`agentgym_opsd.app.bench_config.BenchConfig`, from config.json), or None.
         training_configs: method -> its trainer config (training/<method>/config.json).
     """
 
@@ -129,7 +129,7 @@ def load_run(run_dir: str | Path, *, per_group: int = 4, per_method: int = 24) -
     data.plots = sorted((run_dir / "plots").glob("*.png")) if (run_dir / "plots").is_dir() else []
     config_path = run_dir / "config.json"
     if config_path.exists():
-        from agentgym_opsd.app.bench import BenchConfig
+        from agentgym_opsd.app.bench_config import BenchConfig
 
         saved = json.loads(config_path.read_text(encoding="utf-8"))
         if isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "agents" in saved["config"]:

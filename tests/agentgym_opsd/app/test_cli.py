@@ -13,7 +13,7 @@ import pytest
 from agentgym_opsd.app.cli import main
 from agentgym_opsd.usage import UsageError, format_option, parse_options
 
-EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "data" / "example_plugin"
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "data" / "example_plugin"
 
 
 def run_cli(*args: str, input: str | None = None, columns: int | None = None) -> subprocess.CompletedProcess:
@@ -24,7 +24,7 @@ def run_cli(*args: str, input: str | None = None, columns: int | None = None) ->
     if columns is not None:
         env["COLUMNS"] = str(columns)
     exe = Path(sys.executable).with_name("agentgym-opsd")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, input=input, timeout=300)
+    return subprocess.run([str(exe), *args], check=False, capture_output=True, text=True, env=env, input=input, timeout=300)
 
 
 def test_list_fits_the_width_and_describes_a_plugin_registered_as_the_readme_shows() -> None:
@@ -36,7 +36,7 @@ def test_list_fits_the_width_and_describes_a_plugin_registered_as_the_readme_sho
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
         assert max(len(l) for l in lines) <= (columns or 100), max(lines, key=len)
-        def block(env_id: str) -> str:  # the id's row and its wrapped lines (splits, description)
+        def block(env_id: str, lines: list[str] = lines) -> str:  # the id's row and its wrapped lines (splits, description)
             start = next(i for i, l in enumerate(lines) if l.startswith(env_id + " "))
             end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
             return " ".join(" ".join(l.split()) for l in lines[start:end])

@@ -84,7 +84,7 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     groups = chart_groups({"results": results})
     drawn = {f"{f}-{s}" for (f, s), rows in groups.items() if says_something(rows)}
     assert set(re.findall(r'<img alt="((?:ALFWorld|SearchQA)-\w+)"', page)) == drawn
-    command = html.unescape(re.search(r'<pre class="command">(.*?)</pre>', headline, re.S).group(1))
+    command = html.unescape(re.search(r'<pre class="command">(.*?)</pre>', headline, re.DOTALL).group(1))
     args = shlex.split(command)
     assert args[:3] == ["agentgym-opsd", "eval", "agentgym/ALFWorld-Pick-v0"] and "stepopsd" in args[args.index("--agent") + 1]
     args[args.index("--out") + 1] = str(tmp_path / "replay")
@@ -98,7 +98,7 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     # The in-training evaluation says how many episodes a point is.
     assert f"eval/success: each point is {DemoSettings.quick().eval_episodes} greedy episode" in page
     assert "<td class=agent>grpo</td>" in page and "<td class=agent>stepopsd</td>" in page
-    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S).group(1))
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.DOTALL).group(1))
     trained = [e for e in data["episodes"] if e["source"] == "train:stepopsd"]
     assert trained and all(set(e["credit"]) == {"stepopsd"} for e in trained)
     timings = json.loads((out / "demo.json").read_text())["stage_seconds"]

@@ -21,7 +21,7 @@ import torch
 
 pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
 
-pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
+pytest.importorskip("openrlhf.utils", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
 from trainer.openrlhf.config import ENV_VAR, BridgeConfig
 from trainer.openrlhf.launch import AGENT_FUNC_PATH, complete_flags, parse_openrlhf_flags

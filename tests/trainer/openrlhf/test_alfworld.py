@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
+pytest.importorskip("openrlhf.utils", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
 from trainer.openrlhf.config import BridgeConfig, TaskLabel
 from trainer.openrlhf.dataset import prompt_rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 from agentgym_opsd.agents import agent_kinds, make_agent
 from agentgym_opsd.usage import UsageError
 
-__all__ = ["build_agent", "check_agent", "CPU_THREADS_HELP"]
+__all__ = ["CPU_THREADS_HELP", "build_agent", "check_agent"]
 
 
 def check_agent(name: str, *, cpu_threads: int | None = None) -> None:

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 import agentgym_opsd
-from agentgym_opsd.app.bench import ConfigError, config_from_dict, load_config, run_bench
+from agentgym_opsd.app.bench import run_bench
+from agentgym_opsd.app.bench_config import ConfigError, config_from_dict, load_config
 from agentgym_opsd.app.cli import main
 from agentgym_opsd.episode import load_episodes
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PLUGINS = [REPO / "tests" / "data" / "example_plugin", REPO / "tests" / "data" / "bench_plugin"]
 
 CONFIG = """\
@@ -103,7 +104,7 @@ def test_a_run_killed_mid_way_resumes_to_the_results_of_an_unbroken_run(tmp_path
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]
     # It says what it found (a line torn by the kill is not an episode).
-    found = re.search(r"^resuming: (\d+) of (\d+) episodes done$", out, re.M)
+    found = re.search(r"^resuming: (\d+) of (\d+) episodes done$", out, re.MULTILINE)
     assert found and int(found.group(2)) == PLANNED and played_before_kill - 1 <= int(found.group(1)) <= played_before_kill, out
     unbroken = _bench(config, whole)
     out, err = unbroken.communicate(timeout=300)
@@ -290,7 +291,7 @@ def test_a_bad_env_option_in_a_bench_config_is_one_line(tmp_path, options, messa
     config = tmp_path / "c.toml"
     config.write_text(f'agents = ["expert"]\n[[envs]]\nid = "benchtest/Tally-Small-v0"\noptions = {options}\n')
     run = subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "bench", "c.toml", "--out", str(tmp_path / "out"), "--quiet"],
-                         env=_env(), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+                         env=_env(), check=False, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 2
     err = run.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -305,7 +306,7 @@ def test_ctrl_c_stops_a_bench_quietly_and_says_how_to_resume(tmp_path):
     bench = subprocess.Popen(
         [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet", "--no-report"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background shell may ignore SIGINT
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 (a background shell may ignore SIGINT)
     )
     try:
         deadline = time.monotonic() + 120

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openrlhf", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
+pytest.importorskip("openrlhf.utils", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
-import trainer.openrlhf.agent_func as agent_func
+from trainer.openrlhf import agent_func
 from trainer.openrlhf.config import ENV_VAR, BridgeConfig, TaskLabel
 from trainer.openrlhf.hf_engine import HFAsyncEngine
 

@@ -29,7 +29,10 @@ AGENT_LAM = 0.5
 def episodes(contract_options_alfworld):
     """One task played four times: the expert (solves it) and the random agent (does not), one group."""
     options = {**contract_options_alfworld, "split": "train", "max_turns": 6}
-    make = lambda: agentgym_opsd.make(ENV, **options)  # noqa: E731
+
+    def make():
+        return agentgym_opsd.make(ENV, **options)
+
     requests = [EpisodeRequest(seed=s, options={"task_index": 0}, episode_id=f"ep{s}", group="task0") for s in range(4)]
     played = run_episodes(make, ExpertAgent(), requests[:1], progress=False)
     played += run_episodes(make, RandomAgent(seed=1), requests[1:], progress=False)
@@ -115,7 +118,7 @@ def test_stepopsd_token_weights_follow_their_formula_and_tile_the_action_blocks(
             # A~ = A (1 + lam (w - 1)) keeps A's sign and stays within lam * alpha of it (no budget here)
             ratio = credit["advantage"] / A
             assert 1 - LAM * ALPHA - 1e-6 <= ratio <= 1 + LAM * ALPHA + 1e-6
-    assert len(set(round(w, 4) for w in weights_seen)) > 3  # a random teacher disagrees token by token
+    assert len({round(w, 4) for w in weights_seen}) > 3  # a random teacher disagrees token by token
 
 
 def test_agentopsd_beliefs_and_turn_weights_give_the_core_advantages(episodes, records):
@@ -151,7 +154,7 @@ def test_the_local_trainer_records_what_each_update_used(tmp_path, method):
     """credit.jsonl holds, per update and episode, the credit of the advantages that update trained on."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "trainer"))
     from test_local_train import config
 
     from agentgym_opsd.io import read_jsonl

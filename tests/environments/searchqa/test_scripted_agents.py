@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 import agentgym_opsd
 from agentgym_opsd.agents import AgentError, make_agent
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-from environments.searchqa.agents import OracleAgent, RetrievalBaselineAgent, candidate_answer
+from environments.searchqa.scripted_agents import OracleAgent, RetrievalBaselineAgent, candidate_answer
 from environments.searchqa.synthetic import ensure_synthetic_index
 
 

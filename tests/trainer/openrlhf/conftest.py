@@ -9,7 +9,7 @@ cannot be installed on a CPU-only machine:
 - vllm: pins a CUDA build of torch, and serves generation on GPUs only.
 
 OpenRLHF imports both at module import time, so this conftest STUBS them: it puts the stand-in
-packages in tests/openrlhf/stand_ins on `sys.path` and `PYTHONPATH` (Ray workers import OpenRLHF
+packages in tests/trainer/openrlhf/stand_ins on `sys.path` and `PYTHONPATH` (Ray workers import OpenRLHF
 too), and only when the real packages are missing. See stand_ins/README.md. Generation comes from a
 real transformers model behind `trainer.openrlhf.hf_engine.HFAsyncEngine`, never from a stand-in.
 The real Qwen3 tokenizer is tests/conftest.py's `qwen3_tokenizer` (shipped in tests/data).
@@ -26,11 +26,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE_PLUGIN = REPO / "tests" / "data" / "example_plugin"
 STAND_INS = Path(__file__).resolve().parent / "stand_ins"
 
-HAVE_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
+# OpenRLHF's own package, not this folder: tests/trainer is on sys.path (tests/trainer/conftest.py), and
+# there `openrlhf` names this folder, as a namespace package without an origin, where OpenRLHF is missing.
+# The test modules skip the same way: `pytest.importorskip("openrlhf.utils")`, a module only OpenRLHF has.
+OPENRLHF_SPEC = importlib.util.find_spec("openrlhf")
+HAVE_OPENRLHF = OPENRLHF_SPEC is not None and OPENRLHF_SPEC.origin is not None
 
 
 def install_stand_ins() -> list[str]:

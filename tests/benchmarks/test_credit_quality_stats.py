@@ -1,0 +1,280 @@
+"""benchmarks/credit_quality.py's statistics and placebo contexts.
+
+The intervals resample tasks (the episodes of one task share their group's normalisation), the "beyond
+lp_S" slope is refitted inside every draw, the weighted AUCs equal the plain AUC of the resampled
+episodes written out, and the placebo hindsight block holds another task's real reference and peer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "credit_quality.py"
+
+
+@pytest.fixture(scope="module")
+def cq():
+    spec = importlib.util.spec_from_file_location("credit_quality_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _expand(items, row):
+    """The sample a row of counts stands for, written out: each episode repeated as often as drawn."""
+    out = []
+    for item, n in zip(items, row, strict=True):
+        if item is not None:
+            out += [item] * int(n)
+    return out
+
+
+def test_task_resampling_keeps_a_tasks_episodes_together(cq):
+    units = [f"t{i // 4}" for i in range(40)]
+    counts = cq.resample_counts(units, 200, np.random.default_rng(0))
+    assert counts.shape == (200, 40)
+    blocks = counts.reshape(200, 10, 4)
+    assert (blocks == blocks[:, :, :1]).all()  # all four episodes of a task are drawn together
+    assert (counts.sum(axis=1) == 40).all()  # ten tasks per draw, four episodes each
+    per_episode = cq.resample_counts(list(range(40)), 200, np.random.default_rng(0)).reshape(200, 10, 4)
+    assert not (per_episode == per_episode[:, :, :1]).all()
+
+
+def test_task_resampling_widens_the_interval_when_a_tasks_episodes_agree(cq):
+    # 24 tasks x 4 episodes; in each task all four episodes rank alike (the task decides), so the sample
+    # holds 24 independent results, not 96: resampling episodes would understate the spread by about 2x.
+    rng = np.random.default_rng(1)
+    items, units = [], []
+    for t in range(24):
+        good = rng.random() < 0.6
+        for _ in range(4):
+            noise = rng.normal(0, 0.1, 4)
+            scores = ([1.0, 1.0, 0.0, 0.0] if good else [0.0, 0.0, 1.0, 1.0]) + noise
+            items.append((list(scores), [True, True, False, False]))
+            units.append(t)
+    ones = np.ones((1, len(items)))
+    point = cq.within_auc(items, ones)[0]
+    by_task = cq.interval(point, cq.within_auc(items, cq.resample_counts(units, 2000, np.random.default_rng(2))), 96)
+    by_episode = cq.interval(point, cq.within_auc(items, cq.resample_counts(list(range(96)), 2000,
+                                                                           np.random.default_rng(2))), 96)
+    width_task = by_task["high"] - by_task["low"]
+    width_episode = by_episode["high"] - by_episode["low"]
+    assert width_task > 1.6 * width_episode, (width_task, width_episode)
+
+
+def test_within_and_pooled_auc_equal_the_plain_auc_of_the_drawn_sample(cq):
+    rng = np.random.default_rng(3)
+    items = []
+    for e in range(12):
+        n = int(rng.integers(2, 7))
+        scores = list(np.round(rng.normal(0, 1, n), 1))  # rounded: ties occur
+        labels = list(rng.random(n) < 0.5)
+        items.append((scores, labels) if e % 5 else None)  # some episodes are not in the cell
+    counts = cq.resample_counts([e // 3 for e in range(12)], 5, rng)
+    within = cq.within_auc(items, counts)
+    pooled = cq.pooled_auc(items, counts)
+    for d in range(5):
+        sample = _expand(items, counts[d])
+        flat_s = [s for sc, _ in sample for s in sc]
+        flat_l = [lab for _, la in sample for lab in la]
+        strata = [j for j, (sc, _) in enumerate(sample) for _ in sc]
+        want_within = cq.auc(flat_s, flat_l, strata)
+        want_pooled = cq.auc(flat_s, flat_l)
+        assert (np.isnan(within[d]) and want_within is None) or within[d] == pytest.approx(want_within, abs=1e-12)
+        assert (np.isnan(pooled[d]) and want_pooled is None) or pooled[d] == pytest.approx(want_pooled, abs=1e-12)
+
+
+def _flattening_sample(rng, tasks=16, group=4, slopes=None):
+    """Per episode (e_k, lp_S, progress): lp_S is higher on progress turns (the student already knows
+    them), and e_k = -b lp_S + 1.5 progress: raw evidence points the wrong way, what is left beyond
+    lp_S the right one. The slope b differs across tasks."""
+    paired, units = [], []
+    for t in range(tasks):
+        b = slopes[t] if slopes is not None else 1.0
+        for _ in range(group):
+            labels = [True, False, True, False, False]
+            lp = [(3.0 if lab else 0.0) + rng.normal(0, 3.0) for lab in labels]
+            ev = [-b * x + (1.5 if lab else 0.0) + rng.normal(0, 0.05) for x, lab in zip(lp, labels, strict=True)]
+            paired.append((ev, lp, labels))
+            units.append(t)
+    return paired, units
+
+
+def test_beyond_lp_s_removes_the_flattening(cq):
+    paired, _ = _flattening_sample(np.random.default_rng(4))
+    ones = np.ones((1, len(paired)))
+    raw = cq.within_auc([(ev, lab) for ev, _, lab in paired], ones)[0]
+    beyond, slope = cq.beyond_auc(paired, ones)
+    assert raw < 0.45  # the evidence alone ranks progress turns last
+    assert beyond[0] > 0.9  # the information beyond lp_S ranks them first
+    assert slope[0] == pytest.approx(np.polyfit([x for _, lp, _ in paired for x in lp],
+                                                [x for ev, _, _ in paired for x in ev], 1)[0], rel=1e-9)
+
+
+def test_the_slope_is_refitted_inside_every_draw(cq):
+    rng = np.random.default_rng(5)
+    slopes = list(np.linspace(0.2, 2.5, 16))
+    paired, units = _flattening_sample(rng, slopes=slopes)
+    counts = cq.resample_counts(units, 40, rng)
+    values, b = cq.beyond_auc(paired, counts)
+    refit_differs = 0
+    for d in range(40):
+        sample = _expand(paired, counts[d])
+        lp = [x for _, l_, _ in sample for x in l_]
+        ev = [x for e_, _, _ in sample for x in e_]
+        b_draw = np.polyfit(lp, ev, 1)[0]
+        assert b[d] == pytest.approx(b_draw, rel=1e-9)
+        residual = [x - b_draw * y for e_, l_, _ in sample for x, y in zip(e_, l_, strict=True)]
+        labels = [lab for _, _, la in sample for lab in la]
+        strata = [j for j, (e_, _, _) in enumerate(sample) for _ in e_]
+        assert values[d] == pytest.approx(cq.auc(residual, labels, strata), abs=1e-12)
+        # the full sample's slope would give another AUC in this draw: the refit matters
+        b_full = cq.beyond_auc(paired, np.ones((1, len(paired))))[1][0]
+        fixed = [x - b_full * y for e_, l_, _ in sample for x, y in zip(e_, l_, strict=True)]
+        refit_differs += cq.auc(fixed, labels, strata) != pytest.approx(values[d], abs=1e-9)
+    assert refit_differs > 5
+
+
+def test_an_interval_leaves_out_draws_without_pairs(cq):
+    draws = np.array([0.6, np.nan, 0.7, 0.8])
+    out = cq.interval(0.7, draws, 3)
+    assert out["draws"] == 3 and 0.6 <= out["low"] < out["high"] <= 0.8
+    assert cq.interval(float("nan"), draws, 3)["auc"] is None
+
+
+@pytest.fixture(scope="module")
+def alfworld_episodes():
+    import agentgym_opsd
+    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+    from trainer.warm_start import PerturbedExpert
+
+    options = {"room": "small", "panel_own_types": True, "panel_size": {"train": 6, "valid_seen": 0, "valid_unseen": 0},
+               "progress": False, "max_turns": 8}
+    make_env = lambda: agentgym_opsd.make("agentgym/ALFWorld-Pick-v0", **options, turn_labels=True)  # noqa: E731
+    # seeds 0..6 of six games: tasks t0 and t6 are the same game, which must not lend t0 its reference
+    requests = [EpisodeRequest(seed=t, episode_id=f"t{t}-g{i}", group=f"t{t}") for t in range(7) for i in range(4)]
+    return run_episodes(make_env, PerturbedExpert(0.5, seed=0), requests, num_envs=4, context="full", progress=False)
+
+
+def test_the_placebo_block_reads_another_tasks_reference_and_peer(cq, alfworld_episodes):
+    from trainer.env_knowledge import credit_config
+    from trainer.teacher import hindsight_block, peer_episodes
+
+    episodes = alfworld_episodes
+    outcomes = {(e.group_key, e.success) for e in episodes}
+    mixed = {g for g, ok in outcomes if (g, not ok) in outcomes}
+    assert mixed and len({g for g, _ in outcomes}) >= 3, "the seeds should give mixed groups"
+    placebo = cq.placebo_episodes(episodes)
+    config = credit_config("agentgym/ALFWorld-Pick-v0", "stepopsd")
+    own_refs = {e.task_id: {x.hindsight.reference for x in episodes if x.task_id == e.task_id} for e in episodes}
+    peers, placebo_peers = peer_episodes(episodes), peer_episodes(placebo)
+    assert peers == placebo_peers  # the same episodes read a peer: the outcome is kept
+    for i, (real, fake) in enumerate(zip(episodes, placebo, strict=True)):
+        assert fake.success == real.success and fake.episode_id == real.episode_id
+        ref = fake.hindsight.reference
+        assert ref and ref not in own_refs[real.task_id]
+        donor = next(e for e in episodes if e.hindsight.reference == ref)
+        assert donor.task_id != real.task_id and donor.success == real.success
+        block, _ = hindsight_block(fake, placebo[placebo_peers[i]] if i in placebo_peers else None, config)
+        assert ref in block and real.hindsight.reference not in block
+        if i in peers:  # a failed episode of a mixed group: its peer's actions are another task's winner's
+            real_peer, fake_peer = episodes[peers[i]], placebo[placebo_peers[i]]
+            source = next(e for e in episodes if e.turns == fake_peer.turns)
+            assert source.success and source.task_id != real.task_id
+            assert [t.action for t in fake_peer.turns] != [t.action for t in real_peer.turns]
+    # the placebo references have the real ones' lengths, outcome by outcome
+    for ok in (True, False):
+        real_lengths = sorted(len(e.hindsight.reference) for e in episodes if e.success == ok)
+        fake_lengths = sorted(len(e.hindsight.reference) for e in placebo if e.success == ok)
+        assert abs(np.mean(real_lengths) - np.mean(fake_lengths)) < 0.25 * np.mean(real_lengths)
+
+
+def test_the_placebo_note_is_another_familys_of_similar_length(cq, tmp_path):
+    from trainer.env_knowledge import skill_text
+
+    spec = cq.FAMILIES["alfworld"]
+    sources = cq.write_placebo_notes(tmp_path, spec, ["pick", "pick"])
+    assert list(sources) == ["pick"] and not sources["pick"].startswith("alfworld:")
+    real, fake = skill_text(spec.env, "pick"), skill_text(spec.env, "pick", tmp_path)
+    general = skill_text(spec.env, "no such type")
+    assert real.startswith(general) and fake.startswith(general)  # the general note stays
+    real_note, fake_note = real[len(general):], fake[len(general):]
+    assert fake_note.strip() and fake_note != real_note
+    assert abs(len(fake_note) - len(real_note)) < 0.3 * len(real_note)
+    # the whole-note placebo replaces the general note too, with another family's note
+    sources_all = cq.write_placebo_notes(tmp_path / "all", spec, ["pick"], general=True)
+    assert set(sources_all) == {"general", "pick"} and sources_all["general"] != sources_all["pick"]
+    whole = skill_text(spec.env, "pick", tmp_path / "all")
+    assert general not in whole and real_note.strip() not in whole
+    assert abs(len(whole) - len(real)) < 0.3 * len(real)
+
+
+def test_search_qa_detours_are_the_envs_random_actions(contract_options_searchqa):
+    """Search-QA lists no admissible actions: the benchmark's expert detours there with the env's own random
+    action (`free_form_detours`), a search of random words, a guess on the last turn; without the flag the
+    expert takes no detour at all."""
+    import agentgym_opsd
+    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+    from trainer.warm_start import PerturbedExpert
+
+    env_id = "agentgym/SearchQA-Synthetic-v0"
+    options = contract_options_searchqa(env_id)
+    make_env = lambda: agentgym_opsd.make(env_id, **options, split="train", turn_labels=True)  # noqa: E731
+    requests = [EpisodeRequest(seed=s, episode_id=f"q{s}") for s in range(3)]
+    always = PerturbedExpert(1.0, seed=0, free_form_detours=True)
+    detoured = run_episodes(make_env, always, requests, num_envs=3, context="full", progress=False)
+    plain = PerturbedExpert(1.0, seed=0)
+    expert = run_episodes(make_env, plain, requests, num_envs=3, context="full", progress=False)
+    assert not plain.detours and all(e.success for e in expert)
+    for episode in detoured:
+        assert episode.num_turns == 4 and not episode.success
+        assert {(episode.episode_id, k) for k in range(4)} <= always.detours
+        kinds = [t.step.action_kind for t in episode.turns]
+        assert kinds == ["search", "search", "search", "answer"]
+        labels = episode.hindsight.details["turn_labels"]
+        assert [t.action for t in episode.turns] != [lab["expert_action"] for lab in labels]
+
+
+def test_a_rerun_reads_every_forward_from_the_cache(tiny_qwen3, tmp_path):
+    """The whole benchmark on a small random model: every row of the table is there, and a rerun (or a run
+    after a torn cache file) recomputes only what is missing and gives the same numbers."""
+    import json
+    import os
+    import subprocess
+
+    out = tmp_path / "cq"
+    args = [sys.executable, str(SCRIPT), "--model", str(tiny_qwen3), "--family", "alfworld", "--train-games", "6",
+            "--tasks", "3", "--group-size", "3", "--bootstrap", "40", "--out", str(out), "--no-progress"]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    first = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    report_file = out / f"credit_quality-{tiny_qwen3.name}-alfworld.json"
+    report = json.loads(report_file.read_text())
+    rows = set(report["results"])
+    for row in ("grpo", "gigpo", "stepopsd", "stepopsd outcome only", "stepopsd placebo", "stepopsd-nobudget",
+                "agentopsd", "agentopsd placebo family note", "agentopsd placebo note", "rlsd",
+                "evidence: hindsight full", "evidence: hindsight outcome only", "evidence: hindsight placebo",
+                "evidence: skill note", "evidence: placebo family note", "evidence: placebo note",
+                "beyond lp_S: hindsight full", "beyond lp_S: placebo note", "student log-prob"):
+        assert row in rows, row
+    assert report["results"]["grpo"]["turn/success/within"]["auc"] in (0.5, None)  # one credit per episode
+    assert (out / f"credit_quality-{tiny_qwen3.name}-alfworld.txt").read_text().startswith("agentgym/ALFWorld-Pick-v0")
+    (cache,) = (out / "cache").iterdir()
+    files = {p.name: p.stat().st_mtime_ns for p in cache.glob("*.pt")}
+    assert set(files) == {"student.pt", "teacher-full.pt", "teacher-outcome.pt", "teacher-placebo.pt",
+                          "teacher-skills.pt", "teacher-skills-placebo.pt", "teacher-skills-placebo-all.pt"}
+    torn = cache / "teacher-placebo.pt"
+    torn.write_bytes(torn.read_bytes()[:100])
+    second = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = json.loads(report_file.read_text())
+    assert again["results"] == report["results"]
+    for name, mtime in files.items():
+        changed = (cache / name).stat().st_mtime_ns != mtime
+        assert changed == (name == "teacher-placebo.pt"), name
