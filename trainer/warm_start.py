@@ -324,10 +324,11 @@ def privileged_sft_examples(config: TrainConfig, tokenizer, played: list[Episode
 
 
 def sft_epoch(model, optimizer, examples: list[SFTExample], rng, *, pad_token_id: int, batch_tokens: int,
-              max_grad_norm: float) -> float:
+              max_grad_norm: float, share_prefix: bool = True) -> float:
     """One pass over the examples in shuffled micro-batches of about `batch_tokens` padded tokens
     (packed and plain ones in separate batches), one optimizer step each; returns the epoch's
-    token-mean loss."""
+    token-mean loss. `share_prefix=False` runs every plain row whole (the same loss and gradients
+    up to float rounding; benchmarks/train_speed.py measures what the shared start saves)."""
     lengths = [x.length for x in examples]
     batches: list[list[SFTExample]] = []
     for packed in (False, True):
@@ -359,7 +360,7 @@ def sft_epoch(model, optimizer, examples: list[SFTExample], rng, *, pad_token_id
             attention = valid.to(torch.long).to(device)
         # Plain rows share their start (instructions, first observation): it runs once per batch.
         lp = token_logprobs(model, ids.to(device), attention, mask.to(device), position_ids=positions,
-                            share_prefix=positions is None)
+                            share_prefix=share_prefix and positions is None)
         n = mask.sum().clamp(min=1)
         loss = -(lp * mask.to(device)).sum() / n.to(device)
         optimizer.zero_grad(set_to_none=True)
