@@ -1,5 +1,6 @@
-# Two commands: `make demo` (the main job on the embedded defaults) and `make test` (the test suite).
-# Both create .venv if missing and install the project into it.
+# Three commands: `make demo` (the main job on the embedded defaults), `make test` (the test suite) and
+# `make lint` (ruff).
+# All three create .venv if missing and install the project into it.
 
 PYTHON ?= python3
 VENV := .venv
@@ -14,7 +15,7 @@ OBIN := $(CURDIR)/$(OVENV)/bin
 OPIP := $(OBIN)/python -m pip --disable-pip-version-check -q
 OSTAMP := $(OVENV)/.installed
 
-.PHONY: setup demo test test-openrlhf clean
+.PHONY: setup demo test lint test-openrlhf clean
 
 setup: $(STAMP)
 
@@ -51,6 +52,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# ruff with the rules in pyproject.toml ([tool.ruff.lint]); CI runs it before the tests.
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 test-openrlhf: $(OSTAMP)
 	$(OBIN)/python -m pytest -q tests/trainer/openrlhf

@@ -21,7 +21,8 @@ import numpy as np
 from agentgym_opsd.context import Message
 from agentgym_opsd.core import TextEnv
 
-__all__ = ["Agent", "RandomAgent", "ExpertAgent", "make_agent", "register_agent", "act_all", "AgentError", "episode_rng"]
+__all__ = ["Agent", "RandomAgent", "ExpertAgent", "make_agent", "register_agent", "act_all", "AgentError",
+           "episode_rng"]
 
 
 class AgentError(RuntimeError):
@@ -159,5 +160,6 @@ def make_agent(name: str, *, seed: int = 0) -> Agent:
             raise AgentError(f"agent {name!r}: {prefix}: agents are not available here ({e})") from None
         return factory(rest, seed=seed)
     named = "".join(f", {n}" for n in sorted(_NAMED_AGENTS))
-    prefixed = "".join(f", {k}:..." for k in sorted(agent_kinds())) or " (no agent kinds are installed: pip install -e .)"
+    prefixed = "".join(f", {k}:..."
+                       for k in sorted(agent_kinds())) or " (no agent kinds are installed: pip install -e .)"
     raise AgentError(f"unknown agent {name!r}: use random, expert{named}{prefixed}")

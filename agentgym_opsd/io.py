@@ -129,7 +129,8 @@ def iter_json_array(path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20)
             try:
                 text = utf8.decode(raw, final=not raw)
             except UnicodeDecodeError as e:
-                raise DataFileError(f"{path}:{line + buf.count(chr(10), 0, pos)}: invalid JSON: not UTF-8 ({e.reason})") from None
+                raise DataFileError(
+                    f"{path}:{line + buf.count(chr(10), 0, pos)}: invalid JSON: not UTF-8 ({e.reason})") from None
             line += buf.count("\n", 0, pos)
             buf, pos = buf[pos:] + text, 0
             eof = not raw
@@ -149,7 +150,8 @@ def iter_json_array(path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20)
             pos = 1
         skip_ws()
         if pos >= len(buf) or buf[pos] != "[":
-            raise fail(f"expected a JSON array, found {buf[pos:pos + 20]!r}" if pos < len(buf) else "the file is empty", pos)
+            raise fail(f"expected a JSON array, found {buf[pos:pos + 20]!r}" if pos < len(buf) else "the file is empty",
+                       pos)
         pos += 1
         skip_ws()
         if pos < len(buf) and buf[pos] == "]":
@@ -178,7 +180,8 @@ def iter_json_array(path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20)
                 if pos < len(buf) and buf[pos] == "]":
                     pos += 1
                     break
-                raise fail("expected ',' or ']' after an element" if pos < len(buf) else "the array is not closed (a truncated file?)", pos)
+                raise fail("expected ',' or ']' after an element" if pos < len(buf)
+                           else "the array is not closed (a truncated file?)", pos)
         skip_ws()
         if pos < len(buf):
             raise fail(f"extra data after the array: {buf[pos:pos + 20]!r}", pos)
@@ -212,7 +215,8 @@ def read_config_file(path: str | os.PathLike[str], kind: str | None = None) -> A
                 return tomllib.loads(text)
             except tomllib.TOMLDecodeError as e:
                 at = re.search(r"at line (\d+)", str(e))
-                raise DataFileError(f"{path}:{at.group(1) if at else 1}: invalid TOML: {str(e).split(' (at ')[0]}") from None
+                raise DataFileError(
+                    f"{path}:{at.group(1) if at else 1}: invalid TOML: {str(e).split(' (at ')[0]}") from None
         import yaml
 
         try:

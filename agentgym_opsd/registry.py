@@ -270,7 +270,8 @@ def _kinds(annotation: Any) -> tuple[type, ...] | None:
     """The runtime classes an annotation allows, or None when it is not a plain union of them."""
     if annotation is inspect.Parameter.empty or annotation is Any:
         return None
-    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)) else (annotation,)
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (
+        typing.Union, getattr(__import__("types"), "UnionType", None)) else (annotation,)
     out: list[type] = []
     for member in members:
         origin = typing.get_origin(member) or member
@@ -278,7 +279,8 @@ def _kinds(annotation: Any) -> tuple[type, ...] | None:
             out.append(type(None))
         elif origin in (int, float, str, bool, dict, list, tuple):
             out.append(list if origin is tuple else origin)
-        elif isinstance(origin, type) and origin.__module__ == "collections.abc" and origin.__name__ in ("Sequence", "Iterable", "Collection"):
+        elif isinstance(origin, type) and origin.__module__ == "collections.abc" and origin.__name__ in (
+            "Sequence", "Iterable", "Collection"):
             out.append(list)
         elif isinstance(origin, type) and origin.__module__ == "collections.abc" and origin.__name__ == "Mapping":
             out.append(dict)

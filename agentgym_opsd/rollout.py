@@ -187,7 +187,8 @@ class _Rollout:
         """The agent's responses to the live slots' prompts, in one call; None when an env the agent
         read (a scripted agent's remote call) failed: those episodes end errored."""
         prompts = [
-            self.policy.messages(s.episode.instructions, s.episode.initial_observation, s.history)  # type: ignore[union-attr]
+            self.policy.messages(s.episode.instructions, s.episode.initial_observation,
+                                 s.history)  # type: ignore[union-attr]
             for s in live
         ]
         try:
@@ -253,7 +254,8 @@ class _Rollout:
 
 
 def play_episode(
-    env: gym.Env, agent: Agent, seed: int, *, context: str | ContextPolicy = "full", options: dict[str, Any] | None = None
+    env: gym.Env, agent: Agent, seed: int, *, context: str | ContextPolicy = "full",
+    options: dict[str, Any] | None = None
 ) -> Episode:
     """Play one episode on an existing env (which is left open)."""
 
@@ -262,5 +264,6 @@ def play_episode(
             pass
 
     return run_episodes(
-        lambda: _Keep(env), agent, [EpisodeRequest(seed, dict(options or {}))], num_envs=1, context=context, progress=False
+        lambda: _Keep(env), agent, [EpisodeRequest(seed, dict(options or {}))], num_envs=1, context=context,
+        progress=False
     )[0]

@@ -70,7 +70,8 @@ def summarize(episodes: Sequence[Episode], *, env_id: str, agent: str) -> dict[s
         by_type[e.task_type or "unknown"].append(e)
     summary = {"env_id": env_id, "agent": agent, **_stats(episodes)}
     summary["by_task_type"] = {
-        t: {k: v for k, v in _stats(eps).items() if k in ("episodes", "outcomes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate")}
+        t: {k: v for k, v in _stats(eps).items() if k in ("episodes", "outcomes", "success_rate", "success_ci95",
+                                                          "mean_score", "mean_turns", "invalid_rate")}
         for t, eps in sorted(by_type.items())
     }
     return summary

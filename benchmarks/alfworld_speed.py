@@ -72,7 +72,8 @@ def compare_threads(plans, thread_counts: list[int], rounds: int = 3) -> None:
 
     jobs = []
     for env, index, _, actions in plans:
-        options = {"source": "alfworld", "data_dir": str(SHARED_GAME_ROOT), "split": "train"} if env.source == "alfworld" else {"split": env.split}
+        options = {"source": "alfworld", "data_dir": str(SHARED_GAME_ROOT),
+                   "split": "train"} if env.source == "alfworld" else {"split": env.split}
         jobs.append((AlfWorldEnv(progress=False, **options), index, actions))
 
     def replay(job) -> int:
@@ -121,14 +122,16 @@ def compare_threads(plans, thread_counts: list[int], rounds: int = 3) -> None:
     print(f"env threads (the {len(jobs)} games replayed at once on a thread pool; best of {rounds} rounds):")
     for n in thread_counts:
         print(f"  {n} thread{'s' if n > 1 else ' '}  {best[n]:8.0f} steps/s   x{best[n] / best[thread_counts[0]]:.2f}")
-    print(f"  time in fast-downward's C calls (the GIL released): {share:.1%} of a step; the rest is Python under the GIL,"
+    print(f"  time in fast-downward's C calls (the GIL released): {share:.1%} of a step; the rest is Python under "
+          "the GIL,"
           f" so N threads gain at most x{1 / (1 - share + share / max(thread_counts)):.2f}")
     for env, _, _ in jobs:
         env.close()
 
 
 def summary(values: list[float]) -> str:
-    return f"mean {1000 * statistics.fmean(values):8.2f} ms   median {1000 * statistics.median(values):8.2f} ms   (n={len(values)})"
+    return (f"mean {1000 * statistics.fmean(values):8.2f} ms   median {1000 * statistics.median(values):8.2f} ms   "
+            f"(n={len(values)})")
 
 
 def main() -> int:
@@ -169,7 +172,9 @@ def main() -> int:
     for env, index in sets:
         actions = record_actions(env, index, args.random_steps, rng)
         plans.append((env, index, env.games[index].game_file, actions))
-    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes slow every figure alike)")
+    print(
+        f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes slow every "
+        "figure alike)")
     print(f"{len(plans)} games ({len(plans) - (real is not None)} embedded from {args.split}, "
           f"{int(real is not None)} real ALFWorld), {sum(len(p[3]) for p in plans)} commands in all")
 
@@ -192,7 +197,8 @@ def main() -> int:
         cold.append(time.perf_counter() - t0)
 
     ours_reset, ours_step, raw_reset, raw_step = [], [], [], []
-    raw = AlfredInfos(AlfredDemangler(PddlEnv(textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])), shuffle=False))
+    raw = AlfredInfos(AlfredDemangler(
+        PddlEnv(textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])), shuffle=False))
     mismatches = 0
     for env, index, game_file, actions in plans:
         t0 = time.perf_counter()
@@ -240,8 +246,10 @@ def main() -> int:
         _, index, game_file, actions = plans[-1]
         data_path = str(SHARED_GAME_ROOT / "json_2.1.1" / "train")
         config = {
-            "env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6], "domain_randomization": False, "expert_type": "handcoded"},
-            "dataset": {"data_path": data_path, "eval_id_data_path": data_path, "eval_ood_data_path": data_path, "num_train_games": -1, "num_eval_games": -1},
+            "env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6], "domain_randomization": False,
+                    "expert_type": "handcoded"},
+            "dataset": {"data_path": data_path, "eval_id_data_path": data_path, "eval_ood_data_path": data_path,
+                        "num_train_games": -1, "num_eval_games": -1},
             "logic": {"domain": "", "grammar": ""},
             "general": {"training_method": "dqn"},
             "rl": {"training": {"max_nb_steps_per_episode": 100}},

@@ -123,8 +123,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--env", action="append", default=None, help="an env id instead of the family's (repeatable)")
     ap.add_argument("--tasks", type=int, default=32, help="tasks per family (x --group-size episodes)")
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--detour", type=float, default=None, help="the expert's random-detour rate (default: the family's)")
-    ap.add_argument("--max-turns", type=int, default=None, help="default: the family's (ALFWorld 8, WebShop 10, Search-QA 4)")
+    ap.add_argument("--detour", type=float, default=None,
+                    help="the expert's random-detour rate (default: the family's)")
+    ap.add_argument("--max-turns", type=int, default=None,
+                    help="default: the family's (ALFWorld 8, WebShop 10, Search-QA 4)")
     ap.add_argument("--policy-episodes", type=int, default=0, help="also score the model's own rollouts")
     ap.add_argument("--warm-start", choices=("plain", "literate"), default="literate")
     ap.add_argument("--literate-share", type=float, default=0.5)
@@ -162,7 +164,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         from trainer.models import is_named_model
 
         if not is_named_model(args.model) and not (Path(args.model) / "config.json").is_file():
-            ap.error(f"--model {args.model}: not `tiny`, a named model (smollm2-135m) or a model folder (no config.json)")
+            ap.error(
+                f"--model {args.model}: not `tiny`, a named model (smollm2-135m) or a model folder (no config.json)")
     if args.model == "tiny" and any(spec.name != "alfworld" for spec in args.families):
         ap.error("--model tiny is warm-started on ALFWorld Pick only; give --model smollm2-135m (or a model folder) "
                  "for the other families")
@@ -276,7 +279,8 @@ def beyond_auc(paired: Paired, counts: np.ndarray) -> tuple[np.ndarray, np.ndarr
     for i, item in enumerate(paired):
         if item is None:
             continue
-        ev, lps, lab = np.asarray(item[0], dtype=float), np.asarray(item[1], dtype=float), np.asarray(item[2], dtype=bool)
+        ev, lps, lab = np.asarray(item[0],
+                                  dtype=float), np.asarray(item[1], dtype=float), np.asarray(item[2], dtype=bool)
         ep += [i] * len(ev)
         e_k += list(ev)
         lp += list(lps)
@@ -505,7 +509,8 @@ class EpisodeItems:
             keep = [i for i, v in enumerate(lp_sum) if v is not None]
             self.student.append(([lp_sum[i] for i in keep], [prog[i] for i in keep]) if keep else None)
             keep = [i for i in range(len(ev)) if ev[i] is not None and lp_sum[i] is not None]
-            self.paired.append(([ev[i] for i in keep], [lp_sum[i] for i in keep], [prog[i] for i in keep]) if keep else None)
+            self.paired.append(([ev[i] for i in keep], [lp_sum[i] for i in keep], [prog[i] for i in keep]) if keep
+                               else None)
             self.token_credit.append((tok_scores, tok_score_labels) if tok_scores else None)
             self.token_gap.append((tok_gap, tok_labels) if tok_gap else None)
             self.token_student.append((tok_lp, tok_labels) if tok_lp else None)
@@ -557,7 +562,8 @@ def context_digest(episodes, config, rows_hash: str) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_scores(path: Path, digest: str, compute: Callable[[], dict], log: Callable[[str], None], commit: str) -> dict:
+def cached_scores(path: Path, digest: str, compute: Callable[[], dict], log: Callable[[str], None],
+                  commit: str) -> dict:
     """The tensors in `path` when they were computed for rows with `digest`, else `compute()` (saved atomically,
     with the run's commit, the date and the machine load)."""
     import torch
@@ -669,7 +675,8 @@ def play_episodes(settings: dict, model, tokenizer, progress: bool) -> list:
     if settings["policy_episodes"]:
         from trainer.sampling import HFPolicyAgent
 
-        agent = HFPolicyAgent(model, tokenizer, max_new_tokens=64, temperature=1.0, seed=settings["seed"], name="policy")
+        agent = HFPolicyAgent(model, tokenizer, max_new_tokens=64, temperature=1.0, seed=settings["seed"],
+                              name="policy")
         more = [EpisodeRequest(seed=60_000 + t, episode_id=f"p{t}-g{i}", group=f"p{t}")
                 for t in range(max(1, settings["policy_episodes"] // g)) for i in range(g)]
         played = run_episodes(make_env, agent, more, num_envs=len(more), context="full",
@@ -767,8 +774,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
             return {"logprobs": scores.logprobs, "scored": scores.scored, "truncated": int(scores.truncated),
                     "stats": scores.stats()}
 
-        passes[name] = cached_scores(cache / f"teacher-{name}.pt", context_digest(eps, config, rows_digest(rows)), score, log,
-                                     commit)
+        passes[name] = cached_scores(cache / f"teacher-{name}.pt", context_digest(eps, config, rows_digest(rows)),
+                                     score, log, commit)
     bar.close()
     student = passes["student"]["logprobs"]
 
@@ -835,7 +842,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
         budgeted = name.startswith("stepopsd") and name != "stepopsd-nobudget"  # judged at token level only
         add_row(name, None if budgeted else it.turn_credit,
                 it.token_credit if any(x is not None for x in it.token_credit) else None)
-    evidence_rows = {"evidence: hindsight full": "stepopsd", "evidence: hindsight outcome only": "stepopsd outcome only",
+    evidence_rows = {"evidence: hindsight full": "stepopsd",
+                     "evidence: hindsight outcome only": "stepopsd outcome only",
                      "evidence: hindsight placebo": "stepopsd placebo", "evidence: skill note": "agentopsd",
                      "evidence: placebo family note": "agentopsd placebo family note",
                      "evidence: placebo note": "agentopsd placebo note"}
@@ -882,7 +890,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
         f"{spec.env} ({', '.join(f'{k}={v}' for k, v in settings['options'].items() if k not in ('progress',))}); "
         f"{len(episodes)} episodes ({args.tasks} tasks x {args.group_size}, the expert with detours "
         f"p={settings['detour']}{', + policy rollouts' if args.policy_episodes else ''}): {100 * success.mean():.0f}% "
-        f"success, {turns} turns, {100 * progress_share:.0f}% of turns progress | model {model_label}, student and live "
+        f"success, {turns} turns, {100 * progress_share:.0f}% of turns progress | model {model_label}, student "
+        "and live "
         f"teacher | AUC [95% interval, {args.bootstrap} draws of tasks]")
     lines = [header, f"{'':<36}" + "".join(f"{c:>22}" for c in COLUMNS)]
 
@@ -915,7 +924,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
     when = sorted({(v["date"], v["commit"]) for v in cost.values() if v["date"]})
     loads = [x for v in cost.values() if v["load"] for x in v["load"]]
     if when:
-        lines.append(f"  computed {when[0][0]} to {when[-1][0]} at commit(s) {', '.join(sorted({c for _, c in when}))}, "
+        lines.append(f"  computed {when[0][0]} to {when[-1][0]} at commit(s) "
+                     f"{', '.join(sorted({c for _, c in when}))}, "
                      f"load {min(loads):.1f} to {max(loads):.1f} (1-min average at each pass's start and end)")
     lines.append(f"this run: commit {commit}; load {load_before[0]:.1f} -> {load_after[0]:.1f} (1-min average); "
                  f"{wall:.0f}s; {args.threads} torch thread(s)")
@@ -971,7 +981,8 @@ def goals(report: dict) -> list[str]:
         if not v or v["auc"] is None:
             return f"{row} {column}: -"
         ok = v["auc"] > above and v["low"] > 0.5
-        return f"{row} {column} {v['auc']:.2f} [{v['low']:.2f}, {v['high']:.2f}] > {above} and above 0.5: {'met' if ok else 'NOT met'}"
+        return (f"{row} {column} {v['auc']:.2f} [{v['low']:.2f}, {v['high']:.2f}] > {above} and above 0.5: "
+                f"{'met' if ok else 'NOT met'}")
 
     def placebo(row, column):
         v = r.get(row, {}).get(column)

@@ -7,9 +7,9 @@ student and teacher log-probs. Two row layouts:
            are the action block, StepOPSD's `action_only` span) and a 32-token observation;
     window one row per turn: a 256-token prompt and the turn's 128 generated tokens.
 Each method's `compute_advantages` (validation and diagnostics included: the real call) is timed over
-several runs after a warm-up, the methods taking turns within each round; the table shows the fastest run (the least disturbed by other jobs on a
-shared machine), the median, and the median process CPU time. Targets (issue 4): under 50 ms per 100k generated tokens,
-and no method over 20x GRPO's time.
+several runs after a warm-up, the methods taking turns within each round; the table shows the fastest run (the
+least disturbed by other jobs on a shared machine), the median, and the median process CPU time. Targets (issue 4):
+under 50 ms per 100k generated tokens, and no method over 20x GRPO's time.
 
     .venv/bin/python benchmarks/credit_speed.py [--episodes 512] [--turns 20] [--tokens 128] [--repeats 7] [--threads N]
 
@@ -83,7 +83,8 @@ def time_methods(batch: CreditBatch, methods: list[str], repeats: int) -> dict[s
     jobs on a shared machine hits them all alike and the ratios to GRPO stay fair.
     """
     configs = {
-        m: CreditConfig(method=m, span_mode="clean_step" if m in ("agentopsd", "rlsd") else "action_only") for m in methods
+        m: CreditConfig(method=m, span_mode="clean_step" if m in ("agentopsd", "rlsd") else "action_only")
+        for m in methods
     }
     for config in configs.values():
         compute_advantages(batch, config, step=3)  # warm-up
@@ -110,7 +111,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"{platform.processor() or platform.machine()}")
     generated = args.episodes * args.turns * args.tokens
     for layout in args.layouts.split(","):
         batch = make_batch(args.episodes, args.turns, args.tokens, layout)

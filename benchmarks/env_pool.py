@@ -2,8 +2,8 @@
 
 Three envs: a CPU-bound one (Tally from tests/data/bench_plugin, each step computing for `--work`
 seconds: what a heavy simulator costs), ALFWorld on its embedded panel (the TextWorld PDDL engine)
-and WebShop on its built-in catalog (page rendering and Lucene search per step). The expert plays, so the agent costs next to nothing and
-the figures are the envs' and the pool's. Throughput should grow with workers up to the cores.
+and WebShop on its built-in catalog (page rendering and Lucene search per step). The expert plays, so the agent
+costs next to nothing and the figures are the envs' and the pool's. Throughput should grow with workers up to the cores.
 
     .venv/bin/python benchmarks/env_pool.py [--episodes 160] [--work 0.004] [--workers 1 2 4] [--repeat 3]
 
@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=160)
     parser.add_argument("--work", type=float, default=0.004, help="seconds of computation per Tally step")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--repeat", type=int, default=3, help="runs per row; the best is printed (the machine is shared)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs per row; the best is printed (the machine is shared)")
     parser.add_argument("--envs", default="tally,alfworld,webshop", help="which of tally, alfworld, webshop to run")
     args = parser.parse_args()
     agentgym_opsd.load_plugins(reload=True)
@@ -70,8 +71,12 @@ def main() -> None:
     if "webshop" in wanted and "agentgym/WebShop-v0" in ids:
         envs["WebShop (built-in catalog)"] = EnvFactory("agentgym/WebShop-v0", {"split": "train"})
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"cores: {os.cpu_count()}; load average {load} (other processes share the cores); {args.episodes} expert episodes per row")
-    print(f"{'env':34s} {'pool':>12s} {'start-up s':>10s} {'episodes/s':>11s} {'steps/s':>9s} {'vs 1 worker':>12s} {'errored':>8s}")
+    print(
+        f"cores: {os.cpu_count()}; load average {load} (other processes share the cores); {args.episodes} expert "
+        "episodes per row")
+    print(
+        f"{'env':34s} {'pool':>12s} {'start-up s':>10s} {'episodes/s':>11s} {'steps/s':>9s} {'vs 1 worker':>12s} "
+        f"{'errored':>8s}")
     for name, make_env in envs.items():
         make_env().close()  # build caches (WebShop's index) before timing
         base = None

@@ -88,7 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tiny-layers", type=int, default=2)
     ap.add_argument("--vocab-size", type=int, default=1024)
     ap.add_argument("--bootstrap", type=int, default=2000)
-    ap.add_argument("--credit", action="append", default=[], metavar="KEY=VALUE", help="credit setting for every method")
+    ap.add_argument("--credit", action="append", default=[], metavar="KEY=VALUE",
+                    help="credit setting for every method")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="RL runs at once, each in its own process on one torch thread (default: min(2, CPUs)); "
                     "results do not depend on it")
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
 
     # 3. the figures
     rng = np.random.default_rng(0)
-    W, S, G = args.warm_starts, args.seeds, len(seeds)
+    W, S = args.warm_starts, args.seeds
     finals = {m: np.array([[final_outcomes(out / f"warm{w}" / m / f"seed{s}", args.steps) for s in range(S)]
                            for w in range(W)], dtype=float) for m in methods}
     costs = {m: [step_costs(read_jsonl(out / f"warm{w}" / m / f"seed{s}" / "metrics.jsonl"))
@@ -324,7 +325,8 @@ def main(argv=None) -> int:
     start_table = np.array([[starts[w]] for w in range(W)], dtype=float)  # [W, 1, G]
     start_mean, start_low, start_high = mean_interval(start_table, args.bootstrap, rng)
     what = "tiny Qwen3" if tiny else args.model
-    trained = (f"top {args.train_layers} layers" if args.train_layers else "all weights") + f", autocast {args.autocast}"
+    trained = (f"top {args.train_layers} layers" if args.train_layers
+               else "all weights") + f", autocast {args.autocast}"
     runs = W * S
     lines = [
         f"{args.env}, small rooms, {args.max_turns} turns, {args.train_games} training games | {panel_line}, greedy | "
@@ -357,7 +359,8 @@ def main(argv=None) -> int:
         ratio = f"{phase['step'] / grpo_step:.2f}" if grpo_step else "-"
         results[method] = entry
         lines.append(f"{method:<10} {100 * mean:>8.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} {diff:>9} "
-                     f"{diff_ci:>18} {need:>12} {phase['step']:>7.0f} {phase['rollout']:>8.0f} {phase['teacher']:>8.0f} "
+                     f"{diff_ci:>18} {need:>12} {phase['step']:>7.0f} {phase['rollout']:>8.0f} "
+                     f"{phase['teacher']:>8.0f} "
                      f"{phase['update']:>7.0f} {ratio:>7}")
     lines.append(
         "After RL: held-out success at the last update, the mean over warm starts, seeds and games. Intervals: a "

@@ -222,7 +222,8 @@ def run_server_load(
             ctx = mp.get_context("spawn")
             queue = ctx.Queue()
             start_at = time.time() + 1.0 + 0.5 * processes
-            procs = [ctx.Process(target=_client_threads, args=(host, port, works[p::processes], topk, seconds, start_at, queue))
+            procs = [ctx.Process(target=_client_threads,
+                                 args=(host, port, works[p::processes], topk, seconds, start_at, queue))
                      for p in range(processes)]  # fmt: skip
             for p in procs:
                 p.start()
@@ -234,7 +235,8 @@ def run_server_load(
             sampler.__exit__()
     latencies = [x for lat, _ in outs for x in lat]
     failures = [f for _, fs in outs for f in fs]
-    result = LoadResult(clients, seconds, requests=len(latencies), failures=len(failures), failure_examples=failures[:5])
+    result = LoadResult(clients, seconds, requests=len(latencies), failures=len(failures),
+                        failure_examples=failures[:5])
     result.requests_per_s = len(latencies) / seconds
     result.p50_ms, result.p99_ms = 1000 * percentile(latencies, 50), 1000 * percentile(latencies, 99)
     result.max_ms = 1000 * max(latencies, default=float("nan"))
@@ -285,7 +287,8 @@ class SlowClients:
     @staticmethod
     def request_bytes(queries: list[str], topk: int) -> bytes:
         body = json.dumps({"queries": queries, "topk": topk}).encode()
-        head = f"POST /retrieve HTTP/1.1\r\nHost: loopback\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        head = ("POST /retrieve HTTP/1.1\r\nHost: loopback\r\nContent-Type: application/json\r\nContent-Length: "
+                f"{len(body)}\r\n\r\n")
         return head.encode() + body
 
     def _dribble(self, index: int) -> None:
@@ -339,7 +342,8 @@ def _read_http_answer(s: socket.socket) -> bytes:
             return data
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
     while len(body) < length:
         chunk = s.recv(65536)
         if not chunk:
@@ -376,7 +380,8 @@ def server_figures(args: argparse.Namespace) -> None:
             pid = server.process.pid  # type: ignore[union-attr]
             queries = _nq_questions(args.queries)
             expected = expected_answers(server.url, queries)
-            print(f"server: {len(records)} passages, {len(expected)} distinct queries, pid {pid}, {os.cpu_count()} cores "
+            print(f"server: {len(records)} passages, {len(expected)} distinct queries, pid {pid}, "
+                  f"{os.cpu_count()} cores "
                   f"(clients and server share them)")  # fmt: skip
             # Slow clients open before the warm-up: the memory their large answers take (a JVM heap that
             # grows once and stays) is in the starting figure, so the measured run shows growth, not size.
@@ -384,7 +389,8 @@ def server_figures(args: argparse.Namespace) -> None:
             if slow:
                 slow.__enter__()
             try:
-                warm = run_server_load(server.url, expected, clients=args.clients, seconds=args.warmup, processes=args.processes)
+                warm = run_server_load(server.url, expected, clients=args.clients, seconds=args.warmup,
+                                       processes=args.processes)
                 print(f"warm-up     {warm.summary()}")
                 result = run_server_load(server.url, expected, clients=args.clients, seconds=args.seconds,
                                          processes=args.processes, server_pid=pid)  # fmt: skip
@@ -401,10 +407,13 @@ def server_figures(args: argparse.Namespace) -> None:
                 ok = sum(a.startswith(b"HTTP/1.1 200") for a in slow.dribbler_answers)
                 print(f"slow clients: {slow.counts[0]} stalled connections, {slow.counts[1]} byte-by-byte senders "
                       f"({ok} answered 200), {slow.counts[2]} clients never reading their answers")  # fmt: skip
-            quarters = [result.rss_samples[min(len(result.rss_samples) - 1, q * len(result.rss_samples) // 4)] for q in range(5)]
+            quarters = [result.rss_samples[min(len(result.rss_samples) - 1, q * len(result.rss_samples) // 4)]
+                        for q in range(5)]
             print("server RSS at 0/25/50/75/100% of the load: " + " / ".join(f"{x:.0f}" for x in quarters) + " MiB")
             growth = result.rss_end_mb - result.rss_start_mb  # type: ignore[operator]
-            print(f"memory: RSS grew {growth:+.0f} MiB over {args.seconds:.0f} s of load ({100 * growth / result.rss_start_mb:+.1f}%)")  # type: ignore[operator]
+            print(
+                f"memory: RSS grew {growth:+.0f} MiB over {args.seconds:.0f} s of load "
+                f"({100 * growth / result.rss_start_mb:+.1f}%)")  # type: ignore[operator]
             if args.out:
                 from agentgym_opsd.io import atomic_write_json
 
@@ -419,7 +428,8 @@ def pool_figures(args: argparse.Namespace) -> None:
         return
     import subprocess
 
-    cmd = [sys.executable, str(REPO / "benchmarks" / "env_pool.py"), "--episodes", str(args.episodes), "--workers", "1", "2", "4"]
+    cmd = [sys.executable, str(REPO / "benchmarks" / "env_pool.py"), "--episodes", str(args.episodes), "--workers", "1",
+           "2", "4"]
     print("env pool:", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True)
 

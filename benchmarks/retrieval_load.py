@@ -73,12 +73,14 @@ def _client_thread(host: str, port: int, bodies: list[bytes], per_request: int, 
     out.append((latencies, errors, answered, time.time()))
 
 
-def _client_process(host: str, port: int, per_thread: list[list[bytes]], per_request: int, seconds: float, start_at: float, queue) -> None:
+def _client_process(host: str, port: int, per_thread: list[list[bytes]], per_request: int, seconds: float,
+                    start_at: float, queue) -> None:
     while time.time() < start_at:  # all processes start together
         time.sleep(0.001)
     deadline = time.perf_counter() + seconds
     out: list = []
-    threads = [threading.Thread(target=_client_thread, args=(host, port, b, per_request, deadline, out)) for b in per_thread]
+    threads = [threading.Thread(target=_client_thread, args=(host, port, b, per_request, deadline, out))
+               for b in per_thread]
     for t in threads:
         t.start()
     for t in threads:
@@ -86,7 +88,8 @@ def _client_process(host: str, port: int, per_thread: list[list[bytes]], per_req
     queue.put(out)
 
 
-def run_load(url: str, queries: list[str], *, clients: int, per_request: int, seconds: float, processes: int = 4) -> dict:
+def run_load(url: str, queries: list[str], *, clients: int, per_request: int, seconds: float,
+             processes: int = 4) -> dict:
     """`clients` concurrent clients send `per_request` queries per request until every query is sent
     once or `seconds` pass. Returns queries/s, request latency p50/p99 (ms), errors."""
     host, port = url.split("//")[1].split(":")
@@ -98,7 +101,8 @@ def run_load(url: str, queries: list[str], *, clients: int, per_request: int, se
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     start_at = time.time() + 1.0 + 0.3 * processes
-    procs = [ctx.Process(target=_client_process, args=(host, int(port), per_client[p::processes], per_request, seconds, start_at, queue))
+    procs = [ctx.Process(target=_client_process,
+                         args=(host, int(port), per_client[p::processes], per_request, seconds, start_at, queue))
              for p in range(processes)]  # fmt: skip
     for p in procs:
         p.start()

@@ -59,7 +59,8 @@ def answer_recall(examples, results, corpus_norm: str | None) -> dict:
     for k in range(1, K + 1):
         out[f"recall@{k}"] = round(sum(r is not None and r <= k for r in rows) / n, 4)
     if corpus_norm is not None:
-        out["answer_in_corpus"] = round(sum(has_answer(corpus_norm, [_padded(a) for a in ex.answers]) for ex in examples) / n, 4)
+        out["answer_in_corpus"] = round(sum(has_answer(corpus_norm, [_padded(a) for a in ex.answers])
+                                            for ex in examples) / n, 4)
     return out
 
 
@@ -96,7 +97,8 @@ def plot(results: dict, path: Path) -> None:
     a.legend(fontsize=7)
     for name, r in results["support_recall"].items():
         b.plot(ks, [r[f"support_recall@{k}"] for k in ks], marker="o", label=f"{name}: paragraphs")
-        b.plot(ks, [r[f"all_support@{k}"] for k in ks], marker="x", linestyle="--", label=f"{name}: all of a question's")
+        b.plot(ks, [r[f"all_support@{k}"] for k in ks], marker="x", linestyle="--",
+               label=f"{name}: all of a question's")
     b.set(title="Supporting-passage recall@k", xlabel="k", ylabel="share", ylim=(0, 1))
     b.legend(fontsize=7)
     fig.tight_layout()
@@ -134,14 +136,16 @@ def run(work: Path) -> int:
     from retrieval_index.testing import wiki_slice_records
 
     records = list(wiki_slice_records(SHARED / "wiki", {name: None for name in
-                                                        ("hotpotqa_distractor_paragraphs.jsonl", "flashrag_wiki18_sample_1000.jsonl",
+                                                        ("hotpotqa_distractor_paragraphs.jsonl",
+                                                         "flashrag_wiki18_sample_1000.jsonl",
                                                          "wikipedia_vital_articles_summaries_en.jsonl")}))  # fmt: skip
     t0 = time.perf_counter()
     build_index(records, work / "wiki", threads=args.threads, progress=False)
     print(f"indexed {len(records)} passages in {time.perf_counter() - t0:.1f} s")
     corpus_norm = "\n".join(_padded(r["contents"]) for r in records)
 
-    results: dict = {"corpus": {"passages": len(records), "files": sorted(p.name for p in (SHARED / "wiki").glob("*.jsonl"))},
+    results: dict = {"corpus": {"passages": len(records),
+                                "files": sorted(p.name for p in (SHARED / "wiki").glob("*.jsonl"))},
                      "answer_recall": {}, "support_recall": {}}  # fmt: skip
     with BM25Searcher(work / "wiki") as searcher:
         for name, (dataset, filename) in QA_FILES.items():
@@ -162,7 +166,8 @@ def run(work: Path) -> int:
 
     print(f"\n{'answer recall':<30}{'n':>6}{'@1':>8}{'@3':>8}{'@10':>8}{'in corpus':>11}")
     for name, r in results["answer_recall"].items():
-        print(f"{name:<30}{r['questions']:>6}{r['recall@1']:>8.3f}{r['recall@3']:>8.3f}{r['recall@10']:>8.3f}{r['answer_in_corpus']:>11.3f}")
+        print(
+            f"{name:<30}{r['questions']:>6}{r['recall@1']:>8.3f}{r['recall@3']:>8.3f}{r['recall@10']:>8.3f}{r['answer_in_corpus']:>11.3f}")
     print(f"\n{'supporting passages':<30}{'n':>6}{'@1':>8}{'@3':>8}{'@10':>8}{'all@3':>8}{'all@10':>8}")
     for name, r in results["support_recall"].items():
         print(f"{name:<30}{r['questions']:>6}{r['support_recall@1']:>8.3f}{r['support_recall@3']:>8.3f}"

@@ -24,7 +24,8 @@ its peak RSS. Goals: ours >= 0.5x in-process at 16 x 1, >= 0.9x at 16 x 8. Befor
 server answers all questions once at top 3 and top 10, and the answers are compared with in-process
 search (ids, order, scores). Each server warms up until the JVM's JIT compiler has settled.
 
-    .venv/bin/python benchmarks/retrieval_speed.py [--rounds 9] [--seconds 4] [--also granian] [--out runs/retrieval_speed]
+    .venv/bin/python benchmarks/retrieval_speed.py [--rounds 9] [--seconds 4] [--also granian] \\
+        [--out runs/retrieval_speed]
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def search_r1_shaped_app(searcher):
                 first, _, rest = contents.partition("\n")
                 docs.append({"title": first.strip('"'), "text": rest, "contents": contents})
                 scores.append(hit.score)
-            result.append([{"document": d, "score": s} for d, s in zip(docs, scores)] if request.return_scores else docs)
+            result.append([{"document": d, "score": s} for d, s in zip(docs, scores)] if request.return_scores
+                          else docs)
         return {"result": result}
 
     retrieve.__annotations__ = {"request": QueryRequest, "return": dict}  # this module postpones annotations
@@ -136,7 +138,8 @@ def serve_other(kind: str, index_dir: str, port_file: str) -> None:
 
         class Gunicorn(BaseApplication):
             def load_config(self) -> None:
-                for key, value in {"bind": f"127.0.0.1:{port}", "workers": 1, "threads": 32, "worker_class": "gthread"}.items():
+                for key, value in {"bind": f"127.0.0.1:{port}", "workers": 1, "threads": 32,
+                                   "worker_class": "gthread"}.items():
                     self.cfg.set(key, value)
 
             def load(self):
@@ -151,7 +154,8 @@ def serve_other(kind: str, index_dir: str, port_file: str) -> None:
         sock = _listening_socket()
         port = sock.getsockname()[1]
         sock.close()
-        os.environ.update(AGENTGYM_SPEED_INDEX=index_dir, AGENTGYM_SPEED_PORT_FILE=port_file, AGENTGYM_SPEED_PORT=str(port))
+        os.environ.update(AGENTGYM_SPEED_INDEX=index_dir, AGENTGYM_SPEED_PORT_FILE=port_file,
+                          AGENTGYM_SPEED_PORT=str(port))
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         Granian("retrieval_speed:granian_app", address="127.0.0.1", port=port, interface=Interfaces.WSGI, workers=1,
                 blocking_threads=32, factory=True, log_enabled=False).serve()  # fmt: skip
@@ -179,8 +183,10 @@ class OtherServer:
         self.log = work / f"{kind}.log"
         self.port_file.unlink(missing_ok=True)
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, __file__, "--serve", kind, str(index_dir), str(self.port_file)],
-                                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen([sys.executable, __file__, "--serve", kind, str(index_dir),
+                                             str(self.port_file)],
+                                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                            start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -198,7 +204,8 @@ class OtherServer:
     def _answers(self) -> bool:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", int(self.port_file.read_text()), timeout=5)
-            conn.request("POST", "/retrieve", body=b'{"queries": ["Paris"], "topk": 1}', headers={"Content-Type": "application/json"})
+            conn.request("POST", "/retrieve", body=b'{"queries": ["Paris"], "topk": 1}',
+                         headers={"Content-Type": "application/json"})
             ok = conn.getresponse().status == 200
             conn.close()
             return ok
@@ -222,13 +229,16 @@ def build(corpus: Path, out_dir: Path) -> dict:
     """Index `corpus` in a child process; wall time and the child's peak RSS."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "index", "build", str(corpus), str(out_dir), "--quiet", "--overwrite"],
+    subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "index", "build", str(corpus), str(out_dir),
+                    "--quiet", "--overwrite"],
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     seconds = time.perf_counter() - t0
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     info = json.loads((out_dir / "agentgym_index.json").read_text())
-    return {"passages": info["num_docs"], "wall_seconds_with_jvm_start": round(seconds, 2), "indexing_seconds": info["seconds"],
-            "peak_rss_mib": round(max(peak_kib, before) / 1024, 1), "index_mib": round(info["size_bytes"] / 2**20, 1)}  # fmt: skip
+    return {"passages": info["num_docs"], "wall_seconds_with_jvm_start": round(seconds, 2),
+            "indexing_seconds": info["seconds"],
+            "peak_rss_mib": round(max(peak_kib, before) / 1024, 1),
+            "index_mib": round(info["size_bytes"] / 2**20, 1)}  # fmt: skip
 
 
 def in_process_pass(searcher, queries: list[str]) -> dict:
@@ -237,7 +247,8 @@ def in_process_pass(searcher, queries: list[str]) -> dict:
     for i in range(0, len(queries), IN_PROCESS_BATCH):
         searcher.batch_search(queries[i : i + IN_PROCESS_BATCH], TOPK, threads=1)
     wall = time.perf_counter() - t0
-    return {"qps": round(len(queries) / wall, 1), "cpu_ms_per_query": round(1000 * (process_cpu_seconds(os.getpid()) - cpu0) / len(queries), 3)}
+    return {"qps": round(len(queries) / wall, 1),
+            "cpu_ms_per_query": round(1000 * (process_cpu_seconds(os.getpid()) - cpu0) / len(queries), 3)}
 
 
 def fetch_answers(url: str, queries: list[str], topk: int, per_request: int = 64) -> list[list[tuple[str, float]]]:
@@ -262,7 +273,8 @@ def compare_answers(name: str, url: str, searcher, queries: list[str]) -> dict:
         got = fetch_answers(url, queries, k)
         same_ids = same_scores = 0
         for hits, row in zip(expected, got, strict=True):
-            keys = [h.docid for h in hits] if row and row[0][0] in {h.docid for h in hits} else [h.contents for h in hits]
+            keys = [h.docid
+                    for h in hits] if row and row[0][0] in {h.docid for h in hits} else [h.contents for h in hits]
             if [key for key, _ in row] == keys:
                 same_ids += 1
                 same_scores += [score for _, score in row] == [h.score for h in hits]
@@ -284,8 +296,10 @@ def main() -> int:
 def run(work: Path) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--queries", type=int, default=1805, help="NQ questions used (default: all 1,805)")
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds; medians are reported (default %(default)s)")
-    parser.add_argument("--seconds", type=float, default=4.0, help="length of each load in each round (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=9,
+                        help="interleaved rounds; medians are reported (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=4.0,
+                        help="length of each load in each round (default %(default)s)")
     parser.add_argument("--also", action="append", default=[], choices=["granian", "cheroot", "gunicorn"],
                         help="also measure our Flask app under this WSGI server (repeatable)")  # fmt: skip
     parser.add_argument("--out", default="runs/retrieval_speed", help="folder for results.json")
@@ -307,7 +321,8 @@ def run(work: Path) -> int:
                 f.write(json.dumps({"id": f"{prefix}{r['id']}", "contents": r["contents"]}) + "\n")
     index_dir = work / "index"
     results: dict = {"machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}, "topk": TOPK,
-                     "corpus": str(WIKI), "queries": len(queries), "rounds": args.rounds, "seconds": args.seconds}  # fmt: skip
+                     "corpus": str(WIKI), "queries": len(queries), "rounds": args.rounds,
+                     "seconds": args.seconds}  # fmt: skip
     print(f"building the index of {WIKI} ...", flush=True)
     results["build"] = build(corpus, index_dir)
     print(f"  {results['build']}", flush=True)
@@ -332,7 +347,8 @@ def run(work: Path) -> int:
             s.stop()  # type: ignore[attr-defined]
 
 
-def measure(args, results: dict, servers: dict, queries: list[str], index_dir: Path, atomic_write_json, BM25Searcher) -> int:
+def measure(args, results: dict, servers: dict, queries: list[str], index_dir: Path, atomic_write_json,
+            BM25Searcher) -> int:
     from tqdm.auto import tqdm
 
     pids = {name: s.process.pid for name, s in servers.items()}
@@ -354,7 +370,8 @@ def measure(args, results: dict, servers: dict, queries: list[str], index_dir: P
                 for name, server in servers.items():
                     cpu0 = tree_cpu_seconds(pids[name])
                     out = run_load(server.url, bodies, clients=clients, per_request=per_request, seconds=args.seconds)
-                    out["server_cpu_ms_per_query"] = round(1000 * (tree_cpu_seconds(pids[name]) - cpu0) / max(out["queries"], 1), 3)
+                    out["server_cpu_ms_per_query"] = round(
+                        1000 * (tree_cpu_seconds(pids[name]) - cpu0) / max(out["queries"], 1), 3)
                     rounds[name][load].append(out)
         for name in servers:
             results.setdefault("peak_rss_mib", {})[name] = peak_rss_mib(pids[name])
@@ -363,12 +380,14 @@ def measure(args, results: dict, servers: dict, queries: list[str], index_dir: P
         return round(statistics.median(r[key] for r in rows), 3)
 
     ceiling = median(in_process, "qps")
-    results["in_process"] = {"qps": ceiling, "cpu_ms_per_query": median(in_process, "cpu_ms_per_query"), "rounds": in_process}
+    results["in_process"] = {"qps": ceiling, "cpu_ms_per_query": median(in_process, "cpu_ms_per_query"),
+                             "rounds": in_process}
     table = {}
     for name in servers:
         for load in LOADS:
             rows = rounds[name][load]
-            table.setdefault(name, {})[load] = {key: median(rows, key) for key in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")}
+            table.setdefault(name, {})[load] = {key: median(rows, key)
+                                                for key in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")}
             table[name][load]["errors"] = sum(r["errors"] for r in rows)
     results["medians"], results["rounds_detail"] = table, rounds
     results["machine"]["load_average_at_end"] = os.getloadavg()
@@ -381,7 +400,8 @@ def measure(args, results: dict, servers: dict, queries: list[str], index_dir: P
             ratios[load]["ours_over_search_r1_shaped"] = round(ours / table["Search-R1-shaped"][load]["qps"], 2)
         # The same comparison per round (both measured in that round), as a spread.
         if "Search-R1-shaped" in rounds:
-            per_round = [a["qps"] / b["qps"] for a, b in zip(rounds["ours"][load], rounds["Search-R1-shaped"][load]) if b["qps"]]
+            per_round = [a["qps"] / b["qps"] for a, b in zip(rounds["ours"][load], rounds["Search-R1-shaped"][load])
+                         if b["qps"]]
             ratios[load]["ours_over_search_r1_shaped_per_round"] = [round(min(per_round), 2), round(max(per_round), 2)]
         if load in GOALS:
             ratios[load]["goal_over_in_process"] = GOALS[load]
@@ -389,14 +409,16 @@ def measure(args, results: dict, servers: dict, queries: list[str], index_dir: P
 
     print()
     names = list(servers)
-    head = f"{'load':<24}" + "".join(f"{n[:22]:>24}" for n in names) + f"{'ours / Search-R1':>18}{'ours / in-process':>19}"
+    head = f"{'load':<24}" + "".join(f"{n[:22]:>24}"
+                                     for n in names) + f"{'ours / Search-R1':>18}{'ours / in-process':>19}"
     print(head)
     print(f"{'':<24}" + "".join(f"{'q/s  p50  p99 ms':>24}" for _ in names))
     for load in LOADS:
         line = f"{load:<24}"
         for n in names:
             r = table[n][load]
-            line += f"{r['qps']:>10,.0f} {r['p50_ms']:>5.1f} {r['p99_ms']:>6.1f}" + (f" E{r['errors']}" if r["errors"] else "   ")
+            line += f"{r['qps']:>10,.0f} {r['p50_ms']:>5.1f} {r['p99_ms']:>6.1f}" + (
+                f" E{r['errors']}" if r["errors"] else "   ")
         rr = ratios[load]
         line += f"{rr.get('ours_over_search_r1_shaped', float('nan')):>17.2f}x"
         goal = f" (goal {GOALS[load]})" if load in GOALS else ""
@@ -405,17 +427,19 @@ def measure(args, results: dict, servers: dict, queries: list[str], index_dir: P
     print(f"{'in-process batch_search':<24}{ceiling:>10,.0f} q/s (batches of {IN_PROCESS_BATCH}, 1 thread), "
           f"{results['in_process']['cpu_ms_per_query']:.3f} CPU ms/query")  # fmt: skip
     print("server CPU ms per query: " + "; ".join(
-        f"{n}: " + ", ".join(f"{table[n][load]['server_cpu_ms_per_query']:.2f}" for load in LOADS) for n in names))  # fmt: skip
+        f"{n}: " + ", ".join(f"{table[n][load]['server_cpu_ms_per_query']:.2f}" for load in LOADS)
+        for n in names))  # fmt: skip
     print("peak RSS MiB: " + ", ".join(f"{n} {results['peak_rss_mib'][n]}" for n in names))
     for n in names:
         a = results["answers"][n]
         print(f"answers of {n} against in-process search: " + "; ".join(
-            f"{k}: {v['same_ids_and_order']}/{v['queries']} same ids and order, {v['same_scores']} same scores" for k, v in a.items()))  # fmt: skip
+            f"{k}: {v['same_ids_and_order']}/{v['queries']} same ids and order, {v['same_scores']} same scores"
+            for k, v in a.items()))  # fmt: skip
     for load, goal in GOALS.items():
         got = ratios[load]["ours_over_in_process"]
         print(f"goal ours >= {goal}x in-process at {load}: {got:.2f}x, {'met' if got >= goal else 'NOT met'}")
     print(f"{args.rounds} interleaved rounds of {args.seconds:g} s per load; medians. Load average (1, 5, 15 min) "
-          f"at start {results['machine']['load_average_at_start']}, at end {results['machine']['load_average_at_end']}")  # fmt: skip
+          f"at start {results['machine']['load_average_at_start']}, at end {results['machine']['load_average_at_end']}")
     print(f"index build: {results['build']}")
     out_dir = Path(args.out)
     atomic_write_json(out_dir / "results.json", results)

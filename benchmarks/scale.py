@@ -87,7 +87,8 @@ def proc_status_mib(pid: int) -> dict[str, float]:
     return out
 
 
-def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, quiet: bool = True) -> tuple[float, dict[str, float]]:
+def run_measured(cmd: list[str], *, env: dict[str, str] | None = None,
+                 quiet: bool = True) -> tuple[float, dict[str, float]]:
     """Run `cmd` to completion; (wall seconds, memory figures in MiB, sampled from /proc every 0.2 s):
     `peak_rss` (the child's VmHWM), and the peaks of `anon` (heap: what the process needs) and `file`
     (mapped files, e.g. Lucene's index segments: page cache the kernel can reclaim).
@@ -95,8 +96,8 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, quiet: bo
     Not wait4's ru_maxrss: Linux carries the parent's peak into a child across exec (this script's
     own memory would show as the child's)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.PIPE if quiet else None,
-                            cwd=REPO)  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.PIPE if quiet
+                            else None, cwd=REPO)  # fmt: skip
     peaks = {"VmHWM": 0.0, "RssAnon": 0.0, "RssFile": 0.0}
     done = threading.Event()
 
@@ -116,7 +117,8 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, quiet: bo
     sampler.join()
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({proc.returncode}):\n{err.decode(errors='replace')[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd[:6])} ... failed ({proc.returncode}):\n{err.decode(errors='replace')[-3000:]}")
     return wall, {"peak_rss": peaks["VmHWM"], "peak_anon": peaks["RssAnon"], "peak_file": peaks["RssFile"]}
 
 
@@ -390,8 +392,9 @@ class CatalogModel:
         self.attribute_p = p / p.sum()
         with_instruction = [r for r in records if r.get("instruction")]
         self.instruction_share = len(with_instruction) / max(len(records), 1)
-        self.instruction_fraction = float(np.mean([len(r.get("instruction_attributes") or []) / max(len(r.get("attributes") or []), 1)
-                                                   for r in with_instruction])) if with_instruction else 0.7  # fmt: skip
+        self.instruction_fraction = float(np.mean([len(r.get("instruction_attributes")
+                                                       or []) / max(len(r.get("attributes") or []), 1)
+                                                   for r in with_instruction])) if with_instruction else 0.7
 
     def describe(self) -> dict[str, Any]:
         return {"source_products": len(self.items), "categories": len(self.categories),
@@ -428,7 +431,8 @@ class CatalogModel:
             "asin": asin,
             "name": self._text(self.title, rng, rng.choice(self.title_lengths)),
             "full_description": self._text(self.description, rng, rng.choice(self.description_lengths)),
-            "small_description": [self._text(self.bullet, rng, rng.choice(self.bullet_lengths)) for _ in range(n_bullets)],
+            "small_description": [self._text(self.bullet, rng, rng.choice(self.bullet_lengths))
+                                  for _ in range(n_bullets)],
             "pricing": pricing,
             "customization_options": options,
             "category": category,
@@ -439,7 +443,8 @@ class CatalogModel:
             "page": int(rng.integers(1, 400)),
         }
         k = int(min(rng.choice(self.attribute_counts), len(self.attribute_words)))
-        attributes = [self.attribute_words[int(i)] for i in rng.choice(len(self.attribute_words), size=k, replace=False, p=self.attribute_p)] if k else []
+        attributes = [self.attribute_words[int(i)] for i in rng.choice(
+            len(self.attribute_words), size=k, replace=False, p=self.attribute_p)] if k else []
         record: dict[str, Any] = {"attributes": attributes}
         if attributes and rng.random() < self.instruction_share:
             m = max(1, round(len(attributes) * self.instruction_fraction))
@@ -473,7 +478,8 @@ class CatalogModel:
         from agentgym_opsd.io import atomic_write_bytes
 
         atomic_write_bytes(ins_path, orjson.dumps(ins))
-        return {"items_mib": round(items_path.stat().st_size / 2**20, 2), "ins_mib": round(ins_path.stat().st_size / 2**20, 2),
+        return {"items_mib": round(items_path.stat().st_size / 2**20, 2),
+                "ins_mib": round(ins_path.stat().st_size / 2**20, 2),
                 "with_instruction": sum(1 for r in ins.values() if "instruction" in r)}  # fmt: skip
 
 
@@ -511,7 +517,8 @@ def measure_retrieval(n: int, work: Path, args: argparse.Namespace) -> dict[str,
     figures.update({"build_s": round(wall, 2), "indexing_s": info["seconds"], "build_peak_rss_mib": memory["peak_rss"],
                     "build_peak_anon_mib": memory["peak_anon"], "build_peak_file_mib": memory["peak_file"],
                     "index_mib": round(info["size_bytes"] / 2**20, 2), "num_docs": info["num_docs"]})  # fmt: skip
-    print(f"  index: {figures['build_s']} s, peak RSS {figures['build_peak_rss_mib']} MiB, {figures['index_mib']} MiB", flush=True)
+    print(f"  index: {figures['build_s']} s, peak RSS {figures['build_peak_rss_mib']} MiB, {figures['index_mib']} MiB",
+          flush=True)
     if not args.keep:
         corpus.unlink()
 
@@ -526,9 +533,11 @@ def measure_retrieval(n: int, work: Path, args: argparse.Namespace) -> dict[str,
         figures["warm_up_passes"] = passes
         figures["server_warm"] = proc_status_mib(pid)
         for name, per_request in (("16x1", 1), ("16x8", 8)):
-            result = run_load(server.url, queries * args.query_repeats, clients=16, per_request=per_request, seconds=args.seconds)
+            result = run_load(server.url, queries * args.query_repeats, clients=16, per_request=per_request,
+                              seconds=args.seconds)
             figures[f"load_{name}"] = result
-            print(f"  16 clients x {per_request}: {result['qps']} q/s, p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
+            print(f"  16 clients x {per_request}: {result['qps']} q/s, p50 {result['p50_ms']} ms, p99 "
+                  f"{result['p99_ms']} ms, "
                   f"{result['errors']} errors", flush=True)  # fmt: skip
         figures["server_after"] = proc_status_mib(pid)
     finally:
@@ -552,8 +561,10 @@ def measure_webshop(n: int, work: Path, args: argparse.Namespace) -> dict[str, A
     figures.update(model.write(folder / "data", n, seed=args.seed))
     figures["generate_s"] = round(time.perf_counter() - t0, 2)
     out = folder / "speed.json"
-    cmd = [sys.executable, str(BENCH / "webshop_speed.py"), "--catalog", str(folder / "data"), "--envs", str(args.webshop_envs),
-           "--episodes", str(args.webshop_episodes), "--index-dir", str(folder / "index"), "--no-heap", "--json", str(out)]  # fmt: skip
+    cmd = [sys.executable, str(BENCH / "webshop_speed.py"), "--catalog", str(folder / "data"), "--envs",
+           str(args.webshop_envs),
+           "--episodes", str(args.webshop_episodes), "--index-dir", str(folder / "index"), "--no-heap", "--json",
+           str(out)]  # fmt: skip
     wall, memory = run_measured(cmd)
     speed = json.loads(out.read_text())
     figures.update(speed)
@@ -575,7 +586,8 @@ def measure_webshop(n: int, work: Path, args: argparse.Namespace) -> dict[str, A
 def panel_sizes(games: int) -> dict[str, int]:
     """A train-only panel of about `games` games in ALFWorld's training mix (games per type share)."""
     if games % 6:
-        raise SystemExit(f"--alfworld {games}: use a multiple of 6 (the mixed panel holds six times its per-type share); "
+        raise SystemExit(f"--alfworld {games}: use a multiple of 6 (the mixed panel holds six times its per-type "
+                         "share); "
                          "3552 is the closest to ALFWorld's 3,553")  # fmt: skip
     return {"train": games // 6, "valid_seen": 0, "valid_unseen": 0}
 
@@ -585,20 +597,24 @@ def measure_alfworld(n: int, work: Path, args: argparse.Namespace) -> dict[str, 
     figures: dict[str, Any] = {}
     cache = work / f"alfworld-{n}"
     env = dict(os.environ, AGENTGYM_OPSD_CACHE=str(cache))
-    gen = [sys.executable, str(Path(__file__).resolve()), "--child", "alfworld-generate", str(n), "--workers", str(args.alfworld_workers)]
+    gen = [sys.executable, str(Path(__file__).resolve()), "--child", "alfworld-generate", str(n), "--workers",
+           str(args.alfworld_workers)]
     wall, memory = run_measured(gen, env=env, quiet=False)
     panel = next((cache / "alfworld").glob("g*-mixalfworld-*"))
     manifest = json.loads((panel / "train.json").read_text())
     games = sum(len(v) for v in manifest["games"].values())
     figures.update({"games": games, "generate_s": round(wall, 2), "generate_s_per_game": round(wall / games, 3),
                     "generate_workers": manifest["workers"], "generate_peak_rss_mib": memory["peak_rss"],
-                    "panel_mib": dir_mib(panel), "translations_mib": dir_mib(cache / "alfworld" / "compiled")})  # fmt: skip
-    print(f"  generated {games} games in {wall:.0f} s ({manifest['workers']} workers); panel {figures['panel_mib']} MiB, "
+                    "panel_mib": dir_mib(panel),
+                    "translations_mib": dir_mib(cache / "alfworld" / "compiled")})  # fmt: skip
+    print(f"  generated {games} games in {wall:.0f} s ({manifest['workers']} workers); panel "
+          f"{figures['panel_mib']} MiB, "
           f"translations {figures['translations_mib']} MiB", flush=True)  # fmt: skip
     out = cache / "play.json"
     if args.alfworld_game_cache:
         env["AGENTGYM_ALFWORLD_GAME_CACHE"] = str(args.alfworld_game_cache)
-    figures["games_kept_in_memory"] = args.alfworld_game_cache or int(os.environ.get("AGENTGYM_ALFWORLD_GAME_CACHE", "512"))
+    figures["games_kept_in_memory"] = args.alfworld_game_cache or int(
+        os.environ.get("AGENTGYM_ALFWORLD_GAME_CACHE", "512"))
     play = [sys.executable, str(Path(__file__).resolve()), "--child", "alfworld-play", str(n), "--json", str(out),
             "--alfworld-steps", str(args.alfworld_steps)]  # fmt: skip
     wall, memory = run_measured(play, env=env, quiet=False)
@@ -772,7 +788,8 @@ def fit(sizes: list[float], values: list[float], inverse: bool = False) -> dict[
         (a, b), *_ = np.linalg.lstsq(A, target * w, rcond=None)
         models[name] = {"a": float(a), "b": float(b), **quality(a + b * g), "usable": bool(b >= 0)}
     mean = float((target * w).sum() / w.sum())
-    models["constant"] = {"a": mean, **quality(np.full_like(target, mean)), "usable": not (models["linear"]["usable"] or models["n log n"]["usable"])}
+    models["constant"] = {"a": mean, **quality(np.full_like(target, mean)),
+                          "usable": not (models["linear"]["usable"] or models["n log n"]["usable"])}
     usable = [m for m in ("linear", "n log n", "constant") if models[m]["usable"]]
     best = min(usable, key=lambda m: models[m]["max_rel_err"])
     out.update({"model": best, "models": models, "r2": models[best]["r2"], "max_rel_err": models[best]["max_rel_err"]})
@@ -816,7 +833,8 @@ def family_table(family: str, runs: dict[str, dict[str, Any]]) -> tuple[str, dic
     sizes = sorted(int(s) for s in runs)
     target = TARGETS[family]
     measured_target = target in sizes
-    head = ["figure", *[_size_label(s) for s in sizes], "model (R², max error)", "growth n^k", f"{_size_label(target)} {TARGET_NAMES[family]}"]
+    head = ["figure", *[_size_label(s) for s in sizes], "model (R², max error)", "growth n^k",
+            f"{_size_label(target)} {TARGET_NAMES[family]}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     fits: dict[str, Any] = {}
     for key, label, panel in METRICS[family]:
@@ -839,8 +857,8 @@ def family_table(family: str, runs: dict[str, dict[str, Any]]) -> tuple[str, dic
                       "measured" if measured_target else f"*{_fmt(extrapolated)}*"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     loads = [runs[str(s)].get("load", {}) for s in sizes]
-    lines.append("| load average (mean / max) | " + " | ".join(f"{l.get('load_mean', '?')} / {l.get('load_max', '?')}" for l in loads)
-                 + " | | | |")  # fmt: skip
+    load_cells = " | ".join(f"{load.get('load_mean', '?')} / {load.get('load_max', '?')}" for load in loads)
+    lines.append("| load average (mean / max) | " + load_cells + " | | | |")
     return "\n".join(lines), fits
 
 
@@ -854,8 +872,10 @@ def plot_family(family: str, runs: dict[str, dict[str, Any]], fits: dict[str, An
     from agentgym_opsd.io import atomic_write_bytes
 
     sizes = sorted(int(s) for s in runs)
-    panels = [p for p in ("time", "memory", "latency", "throughput", "count") if any(m[2] == p for m in METRICS[family])]
-    panels = [p for p in panels if any(metric(family, k, runs[str(s)]) is not None for k, _, q in METRICS[family] if q == p for s in sizes)]
+    panels = [p for p in ("time", "memory", "latency", "throughput", "count")
+              if any(m[2] == p for m in METRICS[family])]
+    panels = [p for p in panels if any(metric(family, k, runs[str(s)]) is not None for k, _, q in METRICS[family]
+                                       if q == p for s in sizes)]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False)
     target = TARGETS[family]
     for ax, panel in zip(axes[0], panels):
@@ -881,7 +901,9 @@ def plot_family(family: str, runs: dict[str, dict[str, Any]], fits: dict[str, An
             ax.axvline(target, color="grey", lw=0.6, ls=":")
         ax.legend(fontsize=6.5, loc="best")
         ax.grid(True, which="both", lw=0.3, alpha=0.5)
-    fig.suptitle(f"{family}: cost against size (dashed: fitted model to {TARGET_NAMES[family]}, {target:,} {UNITS[family]})", fontsize=10)
+    fig.suptitle(
+        f"{family}: cost against size (dashed: fitted model to {TARGET_NAMES[family]}, {target:,} {UNITS[family]})",
+        fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
@@ -915,8 +937,10 @@ def write_report(results: dict[str, Any], out: Path, before: dict[str, Any] | No
     from agentgym_opsd.io import atomic_write_json, atomic_write_text
 
     parts = ["# How cost grows with the work", "",
-             f"Machine: {results['machine']['cpus']} cores, {results['machine']['memory_gib']} GiB, shared with other jobs "
-             "(the load average during each size is in its table). Figures in *italics* are extrapolated with the model "
+             f"Machine: {results['machine']['cpus']} cores, {results['machine']['memory_gib']} GiB, shared with "
+             "other jobs "
+             "(the load average during each size is in its table). Figures in *italics* are extrapolated with "
+             "the model "
              "named beside them (fitted on relative errors; R² and the largest relative error of the fit); "
              "the rest are measured.", ""]  # fmt: skip
     all_fits = {}
@@ -928,7 +952,8 @@ def write_report(results: dict[str, Any], out: Path, before: dict[str, Any] | No
         all_fits[family] = fits
         plot_family(family, runs, fits, out / f"{family}.png")
         sizes = sorted(int(s) for s in runs)
-        parts += [f"## {family} ({UNITS[family]}: {', '.join(f'{s:,}' for s in sizes)})", "", table, "", f"![{family}]({family}.png)", ""]
+        parts += [f"## {family} ({UNITS[family]}: {', '.join(f'{s:,}' for s in sizes)})", "", table, "",
+                  f"![{family}]({family}.png)", ""]
         commands = sorted({r.get("command", "") for r in runs.values()} - {""})
         if commands:
             parts += ["Measured with: " + "; ".join(f"`{c}`" for c in commands), ""]
@@ -954,22 +979,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alfworld", type=int, nargs="*", default=[], metavar="GAMES", help="multiples of 6")
     parser.add_argument("--report", action="store_true", help="only write the table and plots from results.json")
     parser.add_argument("--before", default=None, metavar="RESULTS_JSON",
-                        help="add a before/after table against this results.json (the same sizes measured on older code)")  # fmt: skip
-    parser.add_argument("--out", default=str(REPO / "runs" / "scale"), help="results.json, scale.md, PNGs (default runs/scale)")
+                        help="add a before/after table against this results.json (the same sizes measured on "
+                             "older code)")  # fmt: skip
+    parser.add_argument("--out", default=str(REPO / "runs" / "scale"),
+                        help="results.json, scale.md, PNGs (default runs/scale)")
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "agentgym-scale"),
                         help="generated corpora, catalogs, panels, indexes (deleted after each size)")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the generated data and indexes under --work")
     parser.add_argument("--again", action="store_true", help="measure sizes already in results.json again")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seconds", type=float, default=8.0, help="length of each retrieval load (default %(default)s)")
-    parser.add_argument("--query-repeats", type=int, default=3, help="the 1,805 NQ questions, this many times over, per load")
+    parser.add_argument("--seconds", type=float, default=8.0,
+                        help="length of each retrieval load (default %(default)s)")
+    parser.add_argument("--query-repeats", type=int, default=3,
+                        help="the 1,805 NQ questions, this many times over, per load")
     parser.add_argument("--index-threads", type=int, default=2, help="`index build --threads` (default %(default)s)")
     parser.add_argument("--webshop-envs", type=int, default=64)
     parser.add_argument("--webshop-episodes", type=int, default=2, help="episodes per env for the latency figures")
     parser.add_argument("--alfworld-workers", type=int, default=2, help="panel generation processes")
     parser.add_argument("--alfworld-steps", type=int, default=3, help="random admissible steps per game and pass")
     parser.add_argument("--alfworld-game-cache", type=int, default=None,
-                        help="games a process keeps compiled in memory (AGENTGYM_ALFWORLD_GAME_CACHE; default 512)")  # fmt: skip
+                        help="games a process keeps compiled in memory (AGENTGYM_ALFWORLD_GAME_CACHE; default 512)")
     parser.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help=argparse.SUPPRESS)
@@ -989,7 +1018,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results["machine"] = {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+    results["machine"] = {"cpus": os.cpu_count(),
+                          "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
     results.setdefault("runs", {})
     plan = {"retrieval": args.retrieval, "webshop": args.webshop, "alfworld": args.alfworld}
     if args.quick:

@@ -80,7 +80,8 @@ def main(argv=None) -> int:
     trainers = {}
     for method in ("grpo", "stepopsd", "agentopsd"):
         config = TrainConfig(env_id="agentgym/ALFWorld-Pick-v0", out=str(work / method), method=method, model="tiny",
-                             tokenizer="trained", vocab_size=1024, tiny_hidden=128, tiny_layers=2, env_options=env_options,
+                             tokenizer="trained", vocab_size=1024, tiny_hidden=128, tiny_layers=2,
+                             env_options=env_options,
                              sft_episodes=64, sft_epochs=1, steps=1, mini_batches=args.mini_batches, eval_episodes=0,
                              save_every=0, max_new_tokens=24, seed=args.seed, device="cpu", cpu_threads=1)
         run = LocalTrainer(config, progress=False)
@@ -124,14 +125,17 @@ def main(argv=None) -> int:
     for times in best.values():
         times["total"] = sum(v for k, v in times.items() if k != "total")
     rows = base.rows(episodes)
-    print(f"batch: {len(episodes)} episodes ({args.tasks} tasks x {args.group_size}), {turns} turns, {successes} successes, "
+    print(f"batch: {len(episodes)} episodes ({args.tasks} tasks x {args.group_size}), {turns} turns, {successes} "
+          "successes, "
           f"{int(rows.attention_mask.sum())} tokens in {rows.num_rows} rows; tiny Qwen3 hidden 128 x 2; CPU seconds, "
           f"1 thread, min of {args.repeats} rounds")
     grpo = best[("grpo", None)]["total"]
-    header = f"{'method':<10} {'teacher':<9} {'rows':>6} {'old lp':>7} {'teacher':>8} {'credit':>7} {'update':>7} {'total':>7} {'x GRPO':>7}"
+    header = (f"{'method':<10} {'teacher':<9} {'rows':>6} {'old lp':>7} {'teacher':>8} {'credit':>7} {'update':>7} "
+              f"{'total':>7} {'x GRPO':>7}")
     print(header)
     for (method, teacher), t in best.items():
-        print(f"{method:<10} {teacher or '-':<9} {t['rows']:>6.2f} {t['old_logprobs']:>7.2f} {t.get('teacher', 0.0):>8.2f} "
+        print(f"{method:<10} {teacher or '-':<9} {t['rows']:>6.2f} {t['old_logprobs']:>7.2f} "
+              f"{t.get('teacher', 0.0):>8.2f} "
               f"{t['credit']:>7.2f} {t['update']:>7.2f} {t['total']:>7.2f} {t['total'] / grpo:>7.2f}")
     step = best[("stepopsd", "prefix")]["total"] / grpo
     agent = best[("agentopsd", "prefix")]["total"] / grpo

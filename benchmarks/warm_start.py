@@ -1,6 +1,6 @@
 """Does the warm start generalise? A policy's success on its own training games against held-out ones.
 
-    .venv/bin/python benchmarks/warm_start.py                                   # learning.py's tiny warm start: 200 Pick games
+    .venv/bin/python benchmarks/warm_start.py                                   # learning.py's tiny one: 200 Pick games
     .venv/bin/python benchmarks/warm_start.py --train-games 1000 --expert searching --max-turns 15
     .venv/bin/python benchmarks/warm_start.py --base smollm2-135m               # the real model (its defaults below)
     .venv/bin/python benchmarks/warm_start.py --model runs/learning/sft/model  # evaluate a warm start you have
@@ -166,7 +166,8 @@ def main(argv=None) -> int:
                + (f", top {args.train_layers} layers" if args.train_layers else "")
                + (f", LoRA rank {args.lora_rank}" if args.lora_rank else "")
                + (f", literate {args.sft_privileged}" if args.sft_privileged else "") + f", autocast {args.autocast}")
-    print(f"warm start: {'model ' + str(model_dir) if args.model else trained}, {args.train_games} Pick training games, "
+    print(f"warm start: {'model ' + str(model_dir) if args.model else trained}, {args.train_games} Pick "
+          "training games, "
           f"{args.expert} expert, small rooms, {args.max_turns} turns, greedy, {args.max_new_tokens} tokens a turn")
     print(f"{'panel':<36} {'games':>5} {'wins':>5} {'success':>8} {'95% interval':>16} {'format-ok':>9} "
           f"{'admissible':>10}")
@@ -179,7 +180,8 @@ def main(argv=None) -> int:
               f"{f'[{100 * low:.1f}, {100 * high:.1f}]':>16} {100 * r['format_ok']:>8.1f}% "
               f"{100 * r['admissible']:>9.1f}%")
     print(f"warm start {warm_seconds:.0f}s; total {wall:.0f}s")
-    atomic_write_json(out / "warm_start.json", {"args": vars(args), "results": results, "warm_start_seconds": warm_seconds,
+    atomic_write_json(out / "warm_start.json",
+                      {"args": vars(args), "results": results, "warm_start_seconds": warm_seconds,
                                                 "wall_seconds": wall})
     return 0
 

@@ -59,7 +59,9 @@ def explain_option(goal_option, target_values: list[str]) -> str:
         parts.append(f"choosing {value!r} itself gives {_shown(normalize_color(value))!r}: score {own}")
     best = max(target_values, key=lambda v: token_set_score(normalize_color(v), wanted))
     score = token_set_score(normalize_color(best), wanted)
-    parts.append(f"best of the target's values: {best!r} -> {_shown(normalize_color(best))!r}, score {score} (needs > {MATCH_THRESHOLD})")
+    parts.append(
+        f"best of the target's values: {best!r} -> {_shown(normalize_color(best))!r}, score {score} (needs > "
+        f"{MATCH_THRESHOLD})")
     return "; ".join(parts)
 
 
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="all", choices=["test", "eval", "train", "all"])
     parser.add_argument("--index-dir", default=None, help="index folder (default: a temporary one, built here)")
     parser.add_argument("--json", default=None, help="also write the figures and failures to this JSON file")
-    parser.add_argument("--spacy-model", default="en_core_web_sm", help="spaCy model package or folder for the tagger line")
+    parser.add_argument("--spacy-model", default="en_core_web_sm",
+                        help="spaCy model package or folder for the tagger line")
     parser.add_argument("--no-agents", action="store_true", help="only the tagger line")
     args = parser.parse_args(argv)
 
@@ -128,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         scores = [e.hindsight.score for e in episodes]
         print(
             f"{name:<7} goals {n}  success {sum(e.hindsight.success for e in episodes) / n:.4f}  "
-            f"mean score {statistics.fmean(scores):.4f}  mean turns {statistics.fmean(e.num_turns for e in episodes):.2f}"
+            f"mean score {statistics.fmean(scores):.4f}  mean turns "
+            f"{statistics.fmean(e.num_turns for e in episodes):.2f}"
         )
 
     failures = []
@@ -142,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         purchased = details["purchased"] or {}
         reasons = []
         if purchased.get("asin") != goal.asin:
-            reasons.append(f"the target {goal.asin} was not found by the expert's queries (bought {purchased.get('asin')})")
+            reasons.append(
+                f"the target {goal.asin} was not found by the expert's queries (bought {purchased.get('asin')})")
         else:
             info = details["reward_info"]
             wanted = list(goal.goal_options.items()) if isinstance(goal.goal_options, dict) else list(goal.goal_options)
@@ -157,12 +162,14 @@ def main(argv: list[str] | None = None) -> int:
                 reasons.append(f"price {info['price']:.2f} above the bound {goal.price_upper:.2f}")
             if info["r_type"] < 1:
                 reasons.append(f"type reward {info['r_type']}")
-        failures.append({"task_id": episode.task_id, "score": episode.hindsight.score, "asin": goal.asin, "reasons": reasons})
+        failures.append({"task_id": episode.task_id, "score": episode.hindsight.score, "asin": goal.asin,
+                         "reasons": reasons})
 
     print(f"\nexpert misses: {len(failures)}")
     for f in failures:
         print(f"  {f['task_id']}  score {f['score']:.3f}  {f['asin']}: " + " | ".join(f["reasons"]))
-    kinds = Counter("not found" if "not found" in " ".join(f["reasons"]) else "unattainable on the target" for f in failures)
+    kinds = Counter("not found" if "not found" in " ".join(f["reasons"]) else "unattainable on the target"
+                    for f in failures)
     print(f"by cause: {dict(kinds)}")
     print(tagger["line"])
     if args.json:

@@ -6,14 +6,15 @@ Measures, for `--envs` instances (default 64) made with `gymnasium.make("agentgy
   loads the catalog, goals and Lucene index) and after all of them; the growth per extra instance
   before and after every instance has played episodes (its per-episode state, measured as the heap
   freed when the instances are dropped), against the shared world's size. RSS after the episodes
-  also holds the JVM's heap growth from the searches, which is one per process. The catalog and index are shared, so an instance must add only its episode state.
+  also holds the JVM's heap growth from the searches, which is one per process. The catalog and index are
+  shared, so an instance must add only its episode state.
 - latency: wall time of `reset` and `step`, per step kind (search, click, Buy Now), over
   `--episodes` episodes per env of a mixed agent (the expert's moves, with random admissible
   clicks mixed in), round-robin over the instances as a rollout would.
 
     .venv/bin/python benchmarks/webshop_speed.py                         # ../shared/data/webshop, 64 envs
     .venv/bin/python benchmarks/webshop_speed.py --catalog builtin --envs 16
-    .venv/bin/python benchmarks/webshop_speed.py --catalog DIR --no-heap --json out.json   # what benchmarks/scale.py runs
+    .venv/bin/python benchmarks/webshop_speed.py --catalog DIR --no-heap --json out.json  # what scale.py runs
 
 The catalog's load (its files and goals: `catalog_load_s`, with the peak RSS it reached) and the index
 build (`index_build_s`) are timed apart before the first env is made.
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     parser.add_argument("--no-heap", action="store_true",
-                        help="no tracemalloc (Python heap figures): it slows loading and adds memory; for load time and RSS at scale")
+                        help="no tracemalloc (Python heap figures): it slows loading and adds memory; for load time "
+                             "and RSS at scale")
     args = parser.parse_args(argv)
 
     index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-speed-")) / "index")

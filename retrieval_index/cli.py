@@ -21,7 +21,8 @@ def _cmd_index_build(args: argparse.Namespace) -> int:
     if not Path(args.corpus).is_file():
         raise UsageError(f"{args.corpus}: no such corpus file (JSON lines with id and contents, or id, title and text)")
     try:
-        info = build_index(args.corpus, args.out_dir, threads=args.threads, progress=not args.quiet, overwrite=args.overwrite)
+        info = build_index(args.corpus, args.out_dir, threads=args.threads, progress=not args.quiet,
+                           overwrite=args.overwrite)
     except FileExistsError as e:
         raise UsageError(str(e)) from None
     print(
@@ -64,7 +65,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if not Path(args.index).is_dir():
         raise UsageError(
-            f"--index {args.index}: no index folder there; build one with `agentgym-opsd index build CORPUS.jsonl {args.index}`"
+            f"--index {args.index}: no index folder there; build one with `agentgym-opsd index build CORPUS.jsonl "
+            f"{args.index}`"
         )
     try:
         return run_from_args(args)

@@ -145,7 +145,8 @@ class RetrievalClient:
             if len(rows) != len(queries):
                 raise ValueError(f"{len(rows)} result lists for {len(queries)} queries")
             return [
-                [Hit(str(item["document"]["id"]), float(item["score"]), str(item["document"]["contents"])) for item in row]
+                [Hit(str(item["document"]["id"]), float(item["score"]), str(item["document"]["contents"]))
+                 for item in row]
                 for row in rows
             ]
         except (KeyError, TypeError, ValueError) as e:

@@ -258,7 +258,8 @@ def build_index(
                 with JVM_LOCK:
                     added = int(indexer.addRawDocuments(batch))
                 if added != len(batch):
-                    raise RuntimeError(f"Anserini indexed {added} of {len(batch)} documents of a batch (see its log above)")
+                    raise RuntimeError(
+                        f"Anserini indexed {added} of {len(batch)} documents of a batch (see its log above)")
                 num_docs += added
                 batch.clear()
 
@@ -375,7 +376,8 @@ def build_index_in_child(
     if child.returncode == _EXIT_EXISTS:
         raise FileExistsError(message.splitlines()[-1] if progress is False else f"{out_dir} already exists")
     if child.returncode != 0:
-        raise RuntimeError(f"building the index {out_dir} in a child process failed (exit {child.returncode}):\n{message[-3000:]}")
+        raise RuntimeError(
+            f"building the index {out_dir} in a child process failed (exit {child.returncode}):\n{message[-3000:]}")
     return IndexInfo(**json.loads(out))
 
 
@@ -389,7 +391,8 @@ def _main(argv: list[str] | None = None) -> int:
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m retrieval_index.lucene")
-    parser.add_argument("--stdin", required=True, metavar="OUT_DIR", help="index the JSON-line records on stdin into OUT_DIR")
+    parser.add_argument("--stdin", required=True, metavar="OUT_DIR",
+                        help="index the JSON-line records on stdin into OUT_DIR")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--total", type=int, default=None, help="how many records (for the progress bar)")
     parser.add_argument("--quiet", action="store_true")

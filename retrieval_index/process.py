@@ -93,7 +93,8 @@ class RetrievalServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerStartError(f"the retrieval server exited with status {self.process.returncode}:\n{self.log_tail()}")
+                raise ServerStartError(
+                    f"the retrieval server exited with status {self.process.returncode}:\n{self.log_tail()}")
             if port_file.exists():
                 text = port_file.read_text().strip()
                 if text.isdigit():
@@ -102,7 +103,8 @@ class RetrievalServer:
                         return self
             time.sleep(0.05)
         self.stop()
-        raise ServerStartError(f"the retrieval server did not answer within {self.startup_timeout:g} s:\n{self.log_tail()}")
+        raise ServerStartError(
+            f"the retrieval server did not answer within {self.startup_timeout:g} s:\n{self.log_tail()}")
 
     def _healthy(self) -> bool:
         import requests

@@ -206,7 +206,8 @@ def parse_retrieve_request(body: bytes, limits: ServerLimits) -> tuple[list[str]
     try:
         payload = json.loads(body.decode("utf-8"))
     except RecursionError:
-        raise BadRequest("the body is JSON nested too deeply to read; send {\"queries\": [\"...\"], \"topk\": 3}") from None
+        raise BadRequest(
+            "the body is JSON nested too deeply to read; send {\"queries\": [\"...\"], \"topk\": 3}") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, and integers past Python's digit limit
         raise BadRequest(f"the body is not valid JSON ({e}); send {{\"queries\": [\"...\"], \"topk\": 3}}") from None
     if not isinstance(payload, dict):
@@ -225,7 +226,8 @@ def parse_retrieve_request(body: bytes, limits: ServerLimits) -> tuple[list[str]
             try:
                 q.encode("utf-8")
             except UnicodeEncodeError:
-                raise BadRequest(f'"queries"[{i}] holds an unpaired surrogate (\\ud800-\\udfff); send valid Unicode') from None
+                raise BadRequest(
+                    f'"queries"[{i}] holds an unpaired surrogate (\\ud800-\\udfff); send valid Unicode') from None
     topk = payload.get("topk", DEFAULT_TOPK)
     if topk is None:
         topk = DEFAULT_TOPK
@@ -364,7 +366,8 @@ def create_app(
 
     @app.errorhandler(404)
     def not_found(e: Any) -> Response:
-        return reply({"error": f"no such endpoint {request.method} {request.path}; use POST /retrieve or GET /health"}, 404)
+        return reply({"error": f"no such endpoint {request.method} {request.path}; use POST /retrieve or GET /health"},
+                     404)
 
     @app.errorhandler(405)
     def bad_method(e: Any) -> Response:
@@ -458,15 +461,19 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-batching", dest="batching", action="store_false",
                         help="one Lucene call per query, no coalescing (for comparisons)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=32, help="HTTP worker threads (default %(default)s)")
-    parser.add_argument("--lucene-threads", type=int, default=2, help="threads per Lucene batch search (default %(default)s)")
-    parser.add_argument("--max-batch-queries", type=int, default=256, help="queries per coalesced batch (default %(default)s)")
-    parser.add_argument("--max-queries", type=int, default=ServerLimits.max_queries, help="queries per request (default %(default)s)")
-    parser.add_argument("--max-topk", type=int, default=ServerLimits.max_topk, help="largest topk (default %(default)s)")
+    parser.add_argument("--lucene-threads", type=int, default=2,
+                        help="threads per Lucene batch search (default %(default)s)")
+    parser.add_argument("--max-batch-queries", type=int, default=256,
+                        help="queries per coalesced batch (default %(default)s)")
+    parser.add_argument("--max-queries", type=int, default=ServerLimits.max_queries,
+                        help="queries per request (default %(default)s)")
+    parser.add_argument("--max-topk", type=int, default=ServerLimits.max_topk,
+                        help="largest topk (default %(default)s)")
     parser.add_argument("--k1", type=float, default=0.9, help="BM25 k1 (default %(default)s)")
     parser.add_argument("--b", type=float, default=0.4, help="BM25 b (default %(default)s)")
     parser.add_argument("--port-file", default=None, help="write the bound port to this file once listening")
     parser.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
-                        help="exit when process PID (the parent) is gone: a child server never outlives its owner")  # fmt: skip
+                        help="exit when process PID (the parent) is gone: a child server never outlives its owner")
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -506,7 +513,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m retrieval_index.server", description="Serve a Lucene BM25 index over HTTP.")
+    parser = argparse.ArgumentParser(prog="python -m retrieval_index.server",
+                                     description="Serve a Lucene BM25 index over HTTP.")
     add_server_arguments(parser)
     args = parser.parse_args(argv)
     try:

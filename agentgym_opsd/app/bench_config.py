@@ -128,7 +128,8 @@ class BenchConfig:
         return d
 
 
-_TOP_KEYS = {"agents", "envs", "seeds", "episodes", "workers", "num_envs", "step_timeout", "context", "name", "headline"}
+_TOP_KEYS = {"agents", "envs", "seeds", "episodes", "workers", "num_envs", "step_timeout", "context", "name",
+             "headline"}
 _ENV_KEYS = {"id", "family", "splits", "split", "episodes", "options"}
 _HEADLINE_KEYS = {"id", "split", "label", "note"}
 
@@ -155,7 +156,8 @@ def _episodes(value: Any, where: str) -> int | str:
     return value
 
 
-def config_from_dict(data: dict[str, Any], where: str = "config", *, data_root: str | Path | None = None) -> BenchConfig:
+def config_from_dict(data: dict[str, Any], where: str = "config", *,
+                     data_root: str | Path | None = None) -> BenchConfig:
     """Check and normalise a config table (see the module docstring).
 
     Args:
@@ -207,7 +209,8 @@ def _headline(raw: Any, where: str, envs: tuple[EnvSpec, ...]) -> Headline | Non
         return None
     here = f"{where}: headline"
     if not isinstance(raw, dict) or "id" not in raw or set(raw) - _HEADLINE_KEYS:
-        raise ConfigError(f'{here}: give a table with id (and split, label, note), e.g. headline = {{ id = "{envs[0].id}", '
+        raise ConfigError(f'{here}: give a table with id (and split, label, note), e.g. headline = {{ id = '
+                          f'"{envs[0].id}", '
                           f'split = "{envs[0].split}" }}')  # fmt: skip
     if not all(isinstance(v, str) and v for v in raw.values()):
         raise ConfigError(f"{here}: id, split, label and note are non-empty strings")

@@ -125,7 +125,8 @@ def success_chart_png(rows: Sequence[dict[str, Any]], *, title: str, wide: bool 
     ax.set_yticks(range(len(agents)), labels, fontsize=fontsize)
     ax.invert_yaxis()  # the first agent on top
     ax.set_xlim(0, top)
-    ax.set_xlabel("success % (bar) and 95% Wilson interval (whisker)" + (f"; axis ends at {top:.0f}%" if top < 100 else ""),
+    ax.set_xlabel("success % (bar) and 95% Wilson interval (whisker)" + (
+        f"; axis ends at {top:.0f}%" if top < 100 else ""),
                   fontsize=fontsize - 1)  # fmt: skip
     ax.tick_params(axis="x", labelsize=fontsize - 1)
     ax.set_title(title, fontsize=fontsize + 1, loc="left")

@@ -266,7 +266,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="agentgym-opsd", description="Multi-turn text environments and per-turn credit for LLM agents.")
+    parser = _Parser(prog="agentgym-opsd",
+                     description="Multi-turn text environments and per-turn credit for LLM agents.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -305,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_USER_ERRORS = (UsageError, UnknownEnvError, EnvUnavailable, AgentError, DataFileError, FileNotFoundError, ValueError, gym.error.Error)
+_USER_ERRORS = (UsageError, UnknownEnvError, EnvUnavailable, AgentError, DataFileError, FileNotFoundError, ValueError,
+                gym.error.Error)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,7 +103,8 @@ class DemoSettings:
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        return cls(train_games=2, held_out=2, panel_eval=1, max_turns=8, searchqa_episodes=3, sft_episodes=8, sft_epochs=1,
+        return cls(train_games=2, held_out=2, panel_eval=1, max_turns=8, searchqa_episodes=3, sft_episodes=8,
+                   sft_epochs=1,
                    tiny_hidden=64, steps=1, tasks_per_step=1, group_size=2, max_new_tokens=12, eval_episodes=1,
                    vocab_size=512)
 
@@ -154,15 +155,17 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
     if missing:
         from agentgym_opsd.core import EnvUnavailable
 
-        raise EnvUnavailable(f"the demo needs the {', '.join(sorted(missing))} envs, which are not installed here (pip install -e .)")
-    stages = _Stages(["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD", "benchmark", "report"])
+        raise EnvUnavailable(
+            f"the demo needs the {', '.join(sorted(missing))} envs, which are not installed here (pip install -e .)")
+    stages = _Stages(["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD", "benchmark",
+                      "report"])
     cache = out / "cache"
     # Two panels: Pick only (the training games and the held-out ones), and all six types (a few
     # valid_seen games each, for the benchmark's subsets).
     sizes = {"train": 0, "valid_seen": settings.panel_eval, "valid_unseen": 0}
     pick_sizes = {"train": settings.train_games, "valid_seen": 0, "valid_unseen": settings.held_out}
-    alfworld = {"room": "small", "panel_size": sizes, "cache_dir": str(cache / "alfworld"), "max_turns": settings.max_turns,
-                "progress": False}
+    alfworld = {"room": "small", "panel_size": sizes, "cache_dir": str(cache / "alfworld"),
+                "max_turns": settings.max_turns, "progress": False}
     pick = {**alfworld, "panel_size": pick_sizes, "panel_own_types": True}
     try:
         stages.start("ALFWorld panel")
@@ -170,8 +173,8 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
         from environments.alfworld.panel import PanelSpec, ensure_panel
 
         ensure_panel(PanelSpec.make(seed=0, room="small", sizes=sizes), cache / "alfworld", progress=progress)
-        ensure_panel(PanelSpec.make(seed=0, room="small", sizes=pick_sizes, task_types=[SUBSETS["pick"]]), cache / "alfworld",
-                     progress=progress)
+        ensure_panel(PanelSpec.make(seed=0, room="small", sizes=pick_sizes, task_types=[SUBSETS["pick"]]),
+                     cache / "alfworld", progress=progress)
         stages.done()
 
         stages.start("Search-QA index and server")
@@ -183,7 +186,8 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
             models = _train(out, pick, settings, stages, progress)
             stages.start("benchmark")
             # Greedy, at the per-turn cap the policies were trained with; a turn ends at </action>.
-            policies = [{"name": name, "agent": f"hf:{model}?temperature=0&max_new_tokens={settings.max_new_tokens}&device=cpu"}
+            policies = [{"name": name,
+                         "agent": f"hf:{model}?temperature=0&max_new_tokens={settings.max_new_tokens}&device=cpu"}
                         for name, model in models.items()]
             config = config_from_dict(
                 {
@@ -194,11 +198,13 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
                     "num_envs": settings.bench_envs,
                     "context": settings.context,
                     # The report shows the held-out row first, with the `eval` command that replays it.
-                    "headline": {"id": TRAIN_ENV, "split": "valid_unseen", "label": "held-out", "note": HELD_OUT_NOTE.format(
+                    "headline": {"id": TRAIN_ENV, "split": "valid_unseen", "label": "held-out",
+                                 "note": HELD_OUT_NOTE.format(
                         held_out=settings.held_out, train_games=settings.train_games)},
                     "envs": [
                         {"id": TRAIN_ENV, "splits": ["valid_unseen"], "episodes": settings.held_out, "options": pick},
-                        {"family": "ALFWorld", "splits": ["valid_seen"], "episodes": settings.panel_eval, "options": alfworld},
+                        {"family": "ALFWorld", "splits": ["valid_seen"], "episodes": settings.panel_eval,
+                         "options": alfworld},
                         {"id": SEARCHQA_ENV, "splits": ["test"], "episodes": settings.searchqa_episodes,
                          "options": {"server_url": server.url}},
                     ],
@@ -216,7 +222,8 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
     finally:
         stages.close()
     wall = time.perf_counter() - stages.started
-    atomic_write_json(out / "demo.json", {"settings": settings.__dict__, "stage_seconds": stages.times, "wall_seconds": round(wall, 1)})
+    atomic_write_json(out / "demo.json",
+                      {"settings": settings.__dict__, "stage_seconds": stages.times, "wall_seconds": round(wall, 1)})
     print((out / "results.md").read_text(encoding="utf-8"))
     print(f"demo finished in {wall / 60:.1f} min; report: {report}")
     return report
@@ -232,7 +239,8 @@ def _fisher_greater(wins: int, n: int, other_wins: int, other_n: int) -> float:
     from math import comb
 
     total, all_wins = n + other_n, wins + other_wins
-    return sum(comb(all_wins, x) * comb(total - all_wins, n - x) for x in range(wins, min(n, all_wins) + 1)) / comb(total, n)
+    return sum(comb(all_wins, x) * comb(total - all_wins, n - x)
+               for x in range(wins, min(n, all_wins) + 1)) / comb(total, n)
 
 
 def _write_about(out: Path, settings: DemoSettings, model: Path) -> None:
@@ -257,17 +265,20 @@ def _write_about(out: Path, settings: DemoSettings, model: Path) -> None:
             low, high = (100 * x for x in r["success_ci95"])
             against = f"; more than random: p = {_fisher_greater(*wins[name], *wins['random']):.2g}" \
                 if name != "random" and "random" in wins else ""
-            held_out.append(f"{name} {wins[name][0]}/{r['episodes']} ({100 * r['success_rate']:.1f}% [{low:.1f}, {high:.1f}], "
+            held_out.append(f"{name} {wins[name][0]}/{r['episodes']} ({100 * r['success_rate']:.1f}% [{low:.1f}, "
+                            f"{high:.1f}], "
                             f"{100 * r['invalid_rate']:.0f}% invalid turns{against})")
     atomic_write_text(out / "about.txt", ABOUT.format(
         params=f"{count / 1e6:.2f}M-parameter", layers=config.num_hidden_layers, hidden=config.hidden_size,
-        vocab=config.vocab_size, sft=settings.sft_episodes, epochs=settings.sft_epochs, train_games=settings.train_games,
+        vocab=config.vocab_size, sft=settings.sft_episodes, epochs=settings.sft_epochs,
+        train_games=settings.train_games,
         steps=settings.steps, tasks=settings.tasks_per_step, group=settings.group_size, held_out=settings.held_out,
         held_out_results="; ".join(held_out) or "no held-out row",
     ) + "\n")
 
 
-def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: _Stages, progress: bool) -> dict[str, Path]:
+def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: _Stages,
+           progress: bool) -> dict[str, Path]:
     """Warm start (OUT/warmstart) and the two RL runs (OUT/training/<method>, side by side in the
     report); returns the model folder of each, by its name in the benchmark (`POLICIES`)."""
     from trainer.local import LocalTrainer, TrainConfig
@@ -284,8 +295,8 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
         config = TrainConfig(
             out=str(warm), method="grpo", model="tiny", tokenizer="trained", vocab_size=settings.vocab_size,
             tiny_hidden=settings.tiny_hidden, sft_episodes=settings.sft_episodes, sft_epochs=settings.sft_epochs,
-            sft_noise=settings.sft_noise, sft_lr=settings.sft_lr, steps=0, save_every=0, cpu_threads=settings.train_threads,
-            **common,
+            sft_noise=settings.sft_noise, sft_lr=settings.sft_lr, steps=0, save_every=0,
+            cpu_threads=settings.train_threads, **common,
         )
         LocalTrainer(config, progress=progress).run()
     stages.done()

@@ -38,7 +38,8 @@ def turn_seed(seed: int, info: dict[str, Any]) -> int:
     the turn index (a plain per-call counter would make episodes depend on their neighbours)."""
     step = info.get("step")
     key = f"{seed}|{getattr(step, 'episode_id', '')}|{getattr(step, 'turn', 0)}"
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") & 0x7FFFFFFF
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                          "little") & 0x7FFFFFFF
 
 
 def _split_options(spec: str, allowed: dict[str, type], what: str) -> tuple[str, dict[str, Any]]:
@@ -86,7 +87,8 @@ class OpenAIChatAgent:
         import requests
 
         if not base_url.startswith(("http://", "https://")):
-            raise AgentError(f"openai agent: {base_url!r} is not an http(s) URL, e.g. openai:http://127.0.0.1:8000/v1#MODEL")
+            raise AgentError(
+                f"openai agent: {base_url!r} is not an http(s) URL, e.g. openai:http://127.0.0.1:8000/v1#MODEL")
         self.requests = requests
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -164,7 +166,8 @@ def make_openai_agent(spec: str, *, seed: int = 0) -> OpenAIChatAgent:
     """`openai:BASE_URL#MODEL[?temperature=..&top_p=..&max_tokens=..&timeout=..&retries=..&concurrency=..]`."""
     base, sep, rest = spec.rpartition("#")
     if not sep or not base or not rest:
-        raise AgentError(f"openai:{spec}: write it as openai:BASE_URL#MODEL, e.g. openai:http://127.0.0.1:8000/v1#my-model")
+        raise AgentError(
+            f"openai:{spec}: write it as openai:BASE_URL#MODEL, e.g. openai:http://127.0.0.1:8000/v1#my-model")
     model, options = _split_options(rest, {**_SAMPLING_KEYS, **_HTTP_KEYS}, f"openai:{spec}")
     if not model:
         raise AgentError(f"openai:{spec}: the model name after # is empty")

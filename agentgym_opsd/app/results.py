@@ -10,7 +10,8 @@ from typing import Any
 
 from agentgym_opsd.summary import episodes_cell
 
-__all__ = ["COUNTING_NOTE", "result_row", "subset_rows", "markdown_tables", "chart_groups", "says_something", "REFERENCE_AGENT"]
+__all__ = ["COUNTING_NOTE", "result_row", "subset_rows", "markdown_tables", "chart_groups", "says_something",
+           "REFERENCE_AGENT"]
 
 # The scripted agent every bench can run as a reference: a chart in which it alone wins says nothing
 # about the other agents.
@@ -27,7 +28,8 @@ COUNTING_NOTE = (
 
 
 def result_row(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("episodes", "outcomes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate", "errors")
+    keys = ("episodes", "outcomes", "success_rate", "success_ci95", "mean_score", "mean_turns", "invalid_rate",
+            "errors")
     return {k: summary[k] for k in keys if k in summary}
 
 
@@ -52,7 +54,8 @@ def markdown_tables(results: dict[str, Any], headline: tuple[str, str, str] | No
     for r in results["results"]:
         by_family[r["family"]].append(r)
     out = {}
-    header = "| subset | split | agent | episodes | success % | 95% CI | mean score | mean turns | invalid % | errored |"
+    header = ("| subset | split | agent | episodes | success % | 95% CI | mean score | mean turns | invalid % | "
+              "errored |")
     rule = "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     for family, rows in by_family.items():
         lines = [f"### {family}", "", header, rule]

@@ -71,12 +71,14 @@ class ChatGenerator:
         if eos is None:
             eos = self.tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids or {0})
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(
+            self.eos_ids or {0})
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
 
     def prompt_ids(self, messages: list[Message], **template_kwargs: Any) -> list[int]:
         """The token ids of a chat with the generation prompt appended."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  **template_kwargs)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def generate(
@@ -110,7 +112,8 @@ class ChatGenerator:
         reasons = ["length"] * n
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
-            result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+            result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                logits_to_keep=1)
             for _ in range(max_tokens):
                 sampled = self._sample(result.logits[:, -1, :].float().cpu(), generators, temperature, top_p)
                 chosen = []
@@ -129,7 +132,8 @@ class ChatGenerator:
                 mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
                 positions = positions[:, -1:] + 1
                 result = self.model(
-                    input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=result.past_key_values, use_cache=True
+                    input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=result.past_key_values,
+                    use_cache=True
                 )
         return [
             (self.tokenizer.decode(tokens, skip_special_tokens=True), tokens, reason)
@@ -215,14 +219,17 @@ def create_app(generator: Any, *, name: str, max_new_tokens: int = 512) -> Any:
         if not isinstance(messages, list) or not messages:
             raise _BadRequest("messages must be a non-empty list", param="messages")
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
-                raise _BadRequest(f"messages[{i}] must be {{'role': system|user|assistant, 'content': str}}", param="messages")
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user",
+                                                                "assistant") or not isinstance(m.get("content"), str):
+                raise _BadRequest(f"messages[{i}] must be {{'role': system|user|assistant, 'content': str}}",
+                                  param="messages")
         if body.get("stream"):
             raise _BadRequest("streaming is not supported by serve-policy", param="stream")
         if body.get("n", 1) != 1:
             raise _BadRequest("n must be 1", param="n")
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_tokens = _check_number({"max_tokens": limit}, "max_tokens", int, 1, max_new_tokens, min(256, max_new_tokens))
+        max_tokens = _check_number({"max_tokens": limit}, "max_tokens", int, 1, max_new_tokens,
+                                   min(256, max_new_tokens))
         temperature = _check_number(body, "temperature", float, 0.0, 10.0, 1.0)
         top_p = _check_number(body, "top_p", float, 1e-6, 1.0, 1.0)
         seed = _check_number(body, "seed", int, -(2**63), 2**63 - 1, None)
@@ -230,12 +237,14 @@ def create_app(generator: Any, *, name: str, max_new_tokens: int = 512) -> Any:
         if not isinstance(template_kwargs, dict):
             raise _BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
         try:
-            prompt = generator.prompt_ids([{"role": m["role"], "content": m["content"]} for m in messages], **template_kwargs)
+            prompt = generator.prompt_ids([{"role": m["role"], "content": m["content"]} for m in messages],
+                                          **template_kwargs)
         except Exception as e:  # a template that rejects these messages or kwargs
             raise _BadRequest(f"the chat template failed on these messages: {e}", param="messages") from None
         if len(prompt) + max_tokens > generator.max_positions:
             raise _BadRequest(
-                f"the prompt is {len(prompt)} tokens and max_tokens {max_tokens}; the model takes {generator.max_positions}",
+                f"the prompt is {len(prompt)} tokens and max_tokens {max_tokens}; the model takes "
+                f"{generator.max_positions}",
                 param="messages",
             )
         if seed is None:
@@ -251,7 +260,8 @@ def create_app(generator: Any, *, name: str, max_new_tokens: int = 512) -> Any:
                 "created": int(time.time()),
                 "model": name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens), "total_tokens": len(prompt) + len(tokens)},
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
+                          "total_tokens": len(prompt) + len(tokens)},
             }
         )
 

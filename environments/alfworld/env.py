@@ -60,7 +60,7 @@ Name objects and receptacles exactly as the observations do ("apple 1", "cabinet
 
 Answer every turn with your reasoning inside <think>...</think>, then exactly one command inside <action>...</action>, for example:
 <think>Apples are often in the fridge.</think><action>go to fridge 1</action>
-You have {max_turns} turns."""
+You have {max_turns} turns."""  # noqa: E501 (the prompt the model reads: one paragraph a line, by design)
 
 _WS = re.compile(r"\s+")
 _TASK_LINE = re.compile(r"Your task is to: (.*)")
@@ -198,7 +198,8 @@ class AlfWorldEnv(TextEnv):
             raise ValueError(f"mix={mix!r} shares games out over all six task types; use it with ALFWorld-All-v0")
         if source == "embedded":
             types = self.task_types if panel_own_types else None
-            self.panel = PanelSpec.make(panel_seed, room, panel_size, mix=mix, max_receptacles=max_receptacles, task_types=types)
+            self.panel = PanelSpec.make(panel_seed, room, panel_size, mix=mix, max_receptacles=max_receptacles,
+                                        task_types=types)
             self.data_root = ensure_panel(self.panel, cache_dir, splits=(split,), progress=progress) / "json_2.1.1"
         else:
             if max_receptacles is not None:
@@ -208,7 +209,8 @@ class AlfWorldEnv(TextEnv):
             self.panel = None
             self.data_root = resolve_data_root(data_dir)
         wanted = set(self.task_types)
-        self.games: tuple[GameEntry, ...] = interleave_task_types(e for e in discover_games(self.data_root, split) if e.task_type in wanted)
+        self.games: tuple[GameEntry, ...] = interleave_task_types(
+            e for e in discover_games(self.data_root, split) if e.task_type in wanted)
         if not self.games:
             where = f"the {source} data at {self.data_root}"
             raise EnvUnavailable(f"ALFWorld: no playable {'/'.join(self.task_types)} games in {where} (split {split})")

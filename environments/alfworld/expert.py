@@ -271,7 +271,8 @@ class _Planner:
 
     def _lamps(self, w: World) -> list[str]:
         return sorted(
-            (o for o, t in w.obj_type.items() if t == self.spec.toggle_type and w.has("toggleable", o) and o in w.in_recep),
+            (o for o, t in w.obj_type.items() if t == self.spec.toggle_type and w.has("toggleable", o)
+             and o in w.in_recep),
             key=w.name,
         )
 
@@ -281,7 +282,8 @@ class _Planner:
         """Steps after holding `o` at `from_loc` until it is delivered."""
         t = self.spec.task_type
         if t == "look_at_obj_in_light":
-            return min((w.reach(w.in_recep[lamp], from_loc) + (0 if w.has("istoggled", lamp) else 1) for lamp in self._lamps(w)), default=99)
+            return min((w.reach(w.in_recep[lamp], from_loc) + (0 if w.has("istoggled", lamp) else 1)
+                        for lamp in self._lamps(w)), default=99)
         loc = from_loc
         cost = 0
         if self.treatment is not None and not w.has(self.treatment[0], o):
@@ -348,7 +350,8 @@ class _Planner:
                 lamps = self._lamps(w)
                 if not lamps:
                     return None
-                lamp = min(lamps, key=lambda x: (w.reach(w.in_recep[x]) + (0 if w.has("istoggled", x) else 1), w.name(x)))
+                lamp = min(lamps,
+                           key=lambda x: (w.reach(w.in_recep[x]) + (0 if w.has("istoggled", x) else 1), w.name(x)))
                 if w.reach(w.in_recep[lamp]):
                     return _Move("go", recep=w.in_recep[lamp])
                 return _Move("use", obj=lamp)

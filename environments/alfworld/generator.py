@@ -175,7 +175,8 @@ def scenes_for(split: str, task_type: str) -> list[int]:
 def mangle(alfred_id: str) -> str:
     """ALFRED's PDDL spelling of an object id ("Potato|+01.01|..." -> "Potato_bar__plus_01_dot_01_...")."""
     return (
-        alfred_id.replace("|", "_bar_").replace("+", "_plus_").replace("-", "_minus_").replace(".", "_dot_").replace(",", "_comma_")
+        alfred_id.replace("|", "_bar_").replace("+", "_plus_").replace("-", "_minus_").replace(".", "_dot_").replace(
+            ",", "_comma_")
     )
 
 
@@ -294,7 +295,8 @@ def _build_receptacles(layout: Layout, rng: random.Random) -> list[_Receptacle]:
     return out
 
 
-def draft_game(split: str, task_type: str, rng: random.Random, room: RoomSettings, *, scenes: list[int] | None = None) -> GameDraft | None:
+def draft_game(split: str, task_type: str, rng: random.Random, room: RoomSettings, *,
+               scenes: list[int] | None = None) -> GameDraft | None:
     """One candidate game (None when the drawn room cannot host the task type)."""
     a = _alfred()
     scene = rng.choice(scenes if scenes is not None else scenes_for(split, task_type))
@@ -340,7 +342,8 @@ def draft_game(split: str, task_type: str, rng: random.Random, room: RoomSetting
     if room.max_distractor_classes is not None:
         classes = classes[: room.max_distractor_classes]
     counts = {c: rng.randint(1, room.max_instances) for c in sorted(classes)}
-    counts[obj_cls] = rng.randint(2, max(2, room.max_instances + 1)) if task_type == "pick_two_obj_and_place" else rng.randint(1, room.max_instances)
+    counts[obj_cls] = rng.randint(2, max(
+        2, room.max_instances + 1)) if task_type == "pick_two_obj_and_place" else rng.randint(1, room.max_instances)
     placed: list[tuple[str, str, _Receptacle]] = []  # (alfred id, class, receptacle)
     used_ids = {r.rid for r in kept}
     for cls in sorted(counts):
@@ -354,14 +357,16 @@ def draft_game(split: str, task_type: str, rng: random.Random, room: RoomSetting
         for _ in range(counts[cls]):
             r = rng.choice(holders)
             for _try in range(20):
-                x, y, z = (r.xyz[0] + rng.uniform(-0.4, 0.4), r.xyz[1] + rng.uniform(0.0, 0.3), r.xyz[2] + rng.uniform(-0.4, 0.4))
+                x, y, z = (r.xyz[0] + rng.uniform(-0.4, 0.4), r.xyz[1] + rng.uniform(0.0, 0.3),
+                           r.xyz[2] + rng.uniform(-0.4, 0.4))
                 oid = _synth_id(cls, x, y, z)
                 if oid not in used_ids:
                     break
             used_ids.add(oid)
             placed.append((oid, cls, r))
     if lamp_cls:
-        x, y, z = lamp_holder.xyz[0] + rng.uniform(-0.3, 0.3), lamp_holder.xyz[1] + 0.5, lamp_holder.xyz[2] + rng.uniform(-0.3, 0.3)
+        x, y, z = lamp_holder.xyz[0] + rng.uniform(-0.3, 0.3), lamp_holder.xyz[1] + 0.5, lamp_holder.xyz[
+            2] + rng.uniform(-0.3, 0.3)
         placed.append((_synth_id(lamp_cls, x, y, z), lamp_cls, lamp_holder))
 
     # The agent starts in the middle of the room, away from every receptacle.
@@ -382,11 +387,13 @@ def draft_game(split: str, task_type: str, rng: random.Random, room: RoomSetting
     return GameDraft(split, task_type, scene, params, task_desc, problem, folder, trial="")
 
 
-def _problem_text(task_type: str, params: dict[str, Any], receptacles: list[_Receptacle], placed: list[tuple[str, str, _Receptacle]], agent_loc: str, name: str) -> str:
+def _problem_text(task_type: str, params: dict[str, Any], receptacles: list[_Receptacle],
+                  placed: list[tuple[str, str, _Receptacle]], agent_loc: str, name: str) -> str:
     a = _alfred()
     actions = a["actions"]
     obj_classes = sorted({cls for _, cls, _ in placed} | {"Knife", "ButterKnife"} | {params["object_target"]})
-    rec_classes = sorted({r.cls for r in receptacles} | {"SinkBasin", "Microwave", "Fridge"} | ({params["parent_target"]} - {""}))
+    rec_classes = sorted({r.cls for r in receptacles} | {"SinkBasin", "Microwave",
+                                                         "Fridge"} | ({params["parent_target"]} - {""}))
     locations = sorted({r.loc for r in receptacles} | {agent_loc})
     lines = [f"(define (problem plan_{name})", "(:domain alfred)", "(:objects", "agent1 - agent"]
     lines += [f"        {c}Type - otype" for c in obj_classes]
@@ -413,7 +420,8 @@ def _problem_text(task_type: str, params: dict[str, Any], receptacles: list[_Rec
         init.append(f"(pickupable {m})")
         if cls in a["movable"]:
             init.append(f"(isReceptacleObject {m})")
-        for prop, key in (("cleanable", "Cleanable"), ("heatable", "Heatable"), ("coolable", "Coolable"), ("sliceable", "Sliceable")):
+        for prop, key in (("cleanable", "Cleanable"), ("heatable", "Heatable"), ("coolable", "Coolable"),
+                          ("sliceable", "Sliceable")):
             if cls in actions[key]:
                 init.append(f"({prop} {m})")
     init += [f"(openable {mangle(r.rid)})" for r in receptacles if r.cls in a["openable"]]
@@ -481,13 +489,14 @@ def room_settings(room: str, max_receptacles: int | None = None) -> tuple[str, R
         return room, settings
     if int(max_receptacles) < 1:
         raise ValueError(f"max_receptacles must be >= 1, got {max_receptacles}")
-    cap = int(max_receptacles) if settings.max_receptacles is None else min(int(max_receptacles), settings.max_receptacles)
+    cap = int(max_receptacles) if settings.max_receptacles is None else min(
+        int(max_receptacles), settings.max_receptacles)
     return f"{room}-r{cap}", RoomSettings(cap, settings.max_distractor_classes, settings.max_instances)
 
 
 def generate_game(
-    seed: int, room: str, split: str, task_type: str, index: int, engine=None, *, max_attempts: int = 200, cache_dir=None,
-    max_receptacles: int | None = None,
+    seed: int, room: str, split: str, task_type: str, index: int, engine=None, *, max_attempts: int = 200,
+    cache_dir=None, max_receptacles: int | None = None,
 ) -> tuple[GameDraft, list[str]]:
     """The `index`-th kept game of (seed, room, split, task type): drafts until the expert wins one."""
     if task_type not in TASK_TYPES:

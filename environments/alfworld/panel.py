@@ -12,9 +12,10 @@ of a type is the same file in every panel of one seed and room. `task_types` res
 types (e.g. 1,000 Pick games for a warm start without generating 5,000 others); its games are the
 same files as the full panel's games of those types.
 
-It lives in `<cache>/<GENERATOR_VERSION>-<seed>[-<room>][-r<cap>][-mixalfworld][-n<train>-<seen>-<unseen>][-only-<types>]/`, with `<cache>` =
-`$AGENTGYM_OPSD_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`. It is generated once: into a staging
-folder, under a file lock (concurrent processes wait for the first), renamed into place when complete,
+It lives in
+`<cache>/<GENERATOR_VERSION>-<seed>[-<room>][-r<cap>][-mixalfworld][-n<train>-<seen>-<unseen>][-only-<types>]/`,
+with `<cache>` = `$AGENTGYM_OPSD_CACHE/alfworld` or `~/.cache/agentgym-opsd/alfworld`. It is generated once: into a
+staging folder, under a file lock (concurrent processes wait for the first), renamed into place when complete,
 and marked by `<split>.json` (sizes, seconds, the game list). Each split is generated on its first
 use, so training (`train`) does not wait for the evaluation splits.
 """
@@ -34,7 +35,8 @@ from environments.alfworld.expert import SUBSET_OF_TYPE, TASK_TYPES
 from environments.alfworld.generator import GENERATOR_VERSION, ROOMS, room_settings
 from environments.alfworld.paths import cache_root
 
-__all__ = ["PanelSpec", "DEFAULT_SIZES", "SPLITS", "MIXES", "ALFWORLD_TRAIN_COUNTS", "ensure_panel", "panel_dir", "read_manifest"]
+__all__ = ["PanelSpec", "DEFAULT_SIZES", "SPLITS", "MIXES", "ALFWORLD_TRAIN_COUNTS", "ensure_panel", "panel_dir",
+           "read_manifest"]
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 DEFAULT_SIZES = {"train": 20, "valid_seen": 10, "valid_unseen": 10}

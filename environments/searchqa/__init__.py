@@ -27,7 +27,8 @@ _IDS = {
     "agentgym/SearchQA-NQ-v0": ("nq", "Natural Questions (NQ-open) with a BM25 search tool"),
     "agentgym/SearchQA-TriviaQA-v0": ("triviaqa", "TriviaQA (all aliases count) with a BM25 search tool"),
     "agentgym/SearchQA-HotpotQA-v0": ("hotpotqa", "HotpotQA multi-hop questions with a BM25 search tool"),
-    "agentgym/SearchQA-Synthetic-v0": ("synthetic", "SYNTHETIC fictional-world questions (1- and 2-hop), embedded corpus, no downloads"),
+    "agentgym/SearchQA-Synthetic-v0": (
+        "synthetic", "SYNTHETIC fictional-world questions (1- and 2-hop), embedded corpus, no downloads"),
 }
 
 

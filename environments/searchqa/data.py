@@ -181,7 +181,8 @@ def _example(record: Any, fmt: str, index: int, dataset: str | None, where: str)
         if isinstance(answer, dict):
             answers = _strings([answer.get("value", "")] + list(answer.get("aliases") or []), where, "answer")
         else:
-            answers = _strings([answer] + list(record.get("aliases") or []) if isinstance(answer, str) else record.get("aliases"), where, "aliases")
+            answers = _strings([answer] + list(record.get("aliases") or []) if isinstance(answer, str)
+                               else record.get("aliases"), where, "aliases")
     else:  # hotpotqa
         answers = _strings(record.get("answer"), where, "answer")
         kwargs["question_type"] = str(record.get("type") or "factoid")
@@ -228,8 +229,9 @@ def _load_cached(path: str, mtime_ns: int, size: int, dataset: str | None) -> tu
         if fmt is None:
             fmt = detect_format(record) if isinstance(record, dict) else None
             if fmt is None:
+                keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
                 raise DataFileError(
-                    f"{where}: unknown question format (keys {sorted(record)[:8] if isinstance(record, dict) else type(record).__name__}); "
+                    f"{where}: unknown question format (keys {keys}); "
                     "expected NQ-open, TriviaQA, HotpotQA or FlashRAG records"
                 )
         example = _example(record, fmt, index, dataset, where)
@@ -242,7 +244,8 @@ def _load_cached(path: str, mtime_ns: int, size: int, dataset: str | None) -> tu
     return tuple(examples)
 
 
-def load_questions(path: str | os.PathLike[str], *, dataset: str | None = None, limit: int | None = None) -> list[QAExample]:
+def load_questions(path: str | os.PathLike[str], *, dataset: str | None = None,
+                   limit: int | None = None) -> list[QAExample]:
     """Read a question file in any of the supported formats (cached by path and modification time).
 
     Args:

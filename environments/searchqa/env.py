@@ -226,7 +226,8 @@ class SearchQAEnv(TextEnv):
         gold_norm = [normalize_answer(a) for a in ex.answers]
         answer_seen = any(g and g in normalize_answer(p) for p in self.seen_passages for g in gold_norm)
         support_found = [t for t in ex.supporting_titles if any(split_title(p)[0] == t for p in self.seen_passages)]
-        lines = [f"Question: {ex.question}", f"Gold answers: {' | '.join(ex.answers)}", f"Question type: {ex.question_type}"]
+        lines = [f"Question: {ex.question}", f"Gold answers: {' | '.join(ex.answers)}",
+                 f"Question type: {ex.question_type}"]
         if ex.supporting:
             lines.append("Supporting passages:")
             lines.extend(f"- {f['title']}: {f['sentence']}" for f in ex.supporting)

@@ -115,7 +115,8 @@ def _download(url: str, target: Path, *, progress: bool, gunzip: bool) -> Path:
 
 
 def fetch_questions(
-    name: str, split: str | None = None, *, base_url: str = FLASHRAG_BASE_URL, progress: bool = True, force: bool = False
+    name: str, split: str | None = None, *, base_url: str = FLASHRAG_BASE_URL, progress: bool = True,
+    force: bool = False
 ) -> Path:
     """Download a FlashRAG question set to `default_data_file(name, split)`; return its path."""
     if name not in QUESTION_SETS:
@@ -218,7 +219,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     f = sub.add_parser("fetch", help="download a question set (FlashRAG) or a corpus (wiki-18)")
     f.add_argument("name", help=f"one of: {', '.join([*QUESTION_SETS, *CORPORA])}")
     f.add_argument("--split", action="append", help="split(s) of a question set (repeatable; default: its first)")
-    f.add_argument("--base-url", default=None, help=f"mirror of the FlashRAG datasets (URL or folder; default {FLASHRAG_BASE_URL})")
+    f.add_argument("--base-url", default=None,
+                   help=f"mirror of the FlashRAG datasets (URL or folder; default {FLASHRAG_BASE_URL})")
     f.add_argument("--url", default=None, help=f"the corpus file (URL or path; default {WIKI18_URL})")
     f.add_argument("--index", action="store_true", help="also build the corpus's BM25 index")
     f.add_argument("--threads", type=int, default=2, help="indexing threads")

@@ -55,9 +55,12 @@ _OCCUPATIONS = {  # occupation -> (kind of work, past participle, the creator as
     "poet": ("poetry collection", "written", "poet"),
     "architect": ("building", "designed", "architect"),
 }
-_ADJECTIVES = "Amber Glass Silent Hollow Crimson Distant Iron Velvet Salt Winter Golden Broken Hidden Paper Quiet Copper Ashen".split()
-_NOUNS = "Lantern Orchard Tide Harbor Garden Bell Mirror Bridge Compass Feather Tower Meadow Ember Candle Sparrow Anchor Willow".split()
-_PRODUCTS = ("clockwork instruments", "glass lenses", "river barges", "woollen textiles", "printing presses", "telegraph cables", "porcelain", "sailcloth")
+_ADJECTIVES = ("Amber Glass Silent Hollow Crimson Distant Iron Velvet Salt Winter Golden Broken Hidden Paper Quiet "
+               "Copper Ashen").split()
+_NOUNS = ("Lantern Orchard Tide Harbor Garden Bell Mirror Bridge Compass Feather Tower Meadow Ember Candle Sparrow "
+          "Anchor Willow").split()
+_PRODUCTS = ("clockwork instruments", "glass lenses", "river barges", "woollen textiles", "printing presses",
+             "telegraph cables", "porcelain", "sailcloth")
 _SEA_WORDS = ("Sea of", "Gulf of", "Bay of")
 
 
@@ -106,10 +109,12 @@ def _generate(seed: int = SEED) -> SyntheticWorld:
 
     seas = [add(Entity("sea", f"{rng.choice(_SEA_WORDS)} {names.word()}")) for _ in range(4)]
     rivers = [
-        add(Entity("river", f"{names.word()} River", {"length_km": rng.randrange(80, 2400, 10), "sea": rng.choice(seas).name}))
+        add(Entity("river", f"{names.word()} River",
+                   {"length_km": rng.randrange(80, 2400, 10), "sea": rng.choice(seas).name}))
         for _ in range(10)
     ]
-    countries = [add(Entity("country", names.word(), {"founded": rng.randint(900, 1850), "currency": names.word((1, 2)).lower()})) for _ in range(10)]
+    countries = [add(Entity("country", names.word(), {"founded": rng.randint(900, 1850),
+                                                      "currency": names.word((1, 2)).lower()})) for _ in range(10)]
     cities = []
     for country in countries:
         for i in range(3):
@@ -143,11 +148,13 @@ def _generate(seed: int = SEED) -> SyntheticWorld:
                 used_titles.add(title)
                 break
         kind = _OCCUPATIONS[str(person.facts["occupation"])][0]
-        works.append(add(Entity("work", title, {"creator": person.name, "year": int(person.facts["born"]) + rng.randint(22, 60), "kind": kind})))
+        works.append(add(Entity("work", title, {
+            "creator": person.name, "year": int(person.facts["born"]) + rng.randint(22, 60), "kind": kind})))
     companies = []
     for _ in range(12):
         founder = rng.choice(people)
-        companies.append(add(Entity("company", f"{names.word()} {rng.choice(['Works', 'Company', 'Foundry', 'Guild'])}", {
+        companies.append(add(Entity("company", f"{names.word()} {rng.choice(['Works', 'Company', 'Foundry', 'Guild'])}",
+                                    {
             "founder": founder.name,
             "headquarters": rng.choice(cities).name,
             "founded": int(founder.facts["born"]) + rng.randint(20, 50),
@@ -157,7 +164,8 @@ def _generate(seed: int = SEED) -> SyntheticWorld:
     # Passages: sentence lists per title. No passage mentions facts that would short-cut a two-hop question.
     sentences: dict[str, list[str]] = {}
     for s in seas:
-        sentences[s.name] = [f"The {s.name} is a fictional body of water in a synthetic world made for testing search agents."]
+        sentences[s.name] = [
+            f"The {s.name} is a fictional body of water in a synthetic world made for testing search agents."]
     for r in rivers:
         sentences[r.name] = [
             f"The {r.name} is a fictional river.",
@@ -214,7 +222,8 @@ def _questions(ents: dict[str, Entity], sentences: dict[str, list[str]]) -> list
         digest = hashlib.blake2b(question.encode(), digest_size=5).hexdigest()
         facts = [_sentence(sentences, title, str(needle)) for title, needle in support]
         out.append(QAExample(f"synthetic-{digest}", question, [str(answer)], "synthetic",
-                             question_type=kind, supporting=facts, source=f"synthetic v{SYNTHETIC_VERSION}"))  # fmt: skip
+                             question_type=kind, supporting=facts,
+                             source=f"synthetic v{SYNTHETIC_VERSION}"))  # fmt: skip
 
     by_kind: dict[str, list[Entity]] = {}
     for e in ents.values():
@@ -234,10 +243,11 @@ def _questions(ents: dict[str, Entity], sentences: dict[str, list[str]]) -> list
         if country.facts["capital"] != c.name:  # the capital is named in its country's passage: one hop
             ask(two, c.name, f"What is the currency of the country in which {c.name} lies?", country.facts["currency"],
                 [(c.name, country.name), (country.name, country.facts["currency"])])  # fmt: skip
-        ask(two, c.name, f"Into which body of water does the river that flows through {c.name} empty?", river.facts["sea"],
-            [(c.name, river.name), (river.name, river.facts["sea"])])  # fmt: skip
+        ask(two, c.name, f"Into which body of water does the river that flows through {c.name} empty?",
+            river.facts["sea"], [(c.name, river.name), (river.name, river.facts["sea"])])  # fmt: skip
     for r in by_kind["river"]:
-        ask(one, r.name, f"Into which body of water does the {r.name} flow?", r.facts["sea"], [(r.name, r.facts["sea"])])
+        ask(one, r.name, f"Into which body of water does the {r.name} flow?", r.facts["sea"],
+            [(r.name, r.facts["sea"])])
     for p in by_kind["person"]:
         f = p.facts
         city = ents[str(f["birthplace"])]

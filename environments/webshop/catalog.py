@@ -409,13 +409,16 @@ class Catalog:
             seen.add(asin)
             ins = attributes.get(asin)
             try:
-                product = product_from_processed(record, ins, strings) if processed else product_from_raw(record, ins, strings)
+                product = product_from_processed(record, ins,
+                                                 strings) if processed else product_from_raw(record, ins, strings)
             except (TypeError, ValueError, AttributeError, KeyError) as e:  # a field of the wrong type
-                raise CatalogError(f"catalog {name}: record {i} ({asin}) is malformed ({type(e).__name__}: {e})") from None
+                raise CatalogError(
+                    f"catalog {name}: record {i} ({asin}) is malformed ({type(e).__name__}: {e})") from None
             products.append(product)
             if ins and ins.get("instruction"):
                 synthetic_ins[asin] = (str(ins["instruction"]),
-                                       tuple(_shared(strings, a) for a in _as_list(ins.get("instruction_attributes"))))  # fmt: skip
+                                       tuple(_shared(strings, a)
+                                             for a in _as_list(ins.get("instruction_attributes"))))  # fmt: skip
             if human and asin in human:
                 human_ins[asin] = list(human[asin])
             elif processed and isinstance(record.get("instructions"), list):

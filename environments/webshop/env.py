@@ -68,7 +68,13 @@ from environments.webshop.pages import (
     clickables,
     render,
 )
-from environments.webshop.reward import MATCH_THRESHOLD, RewardBreakdown, normalize_color, option_reward, token_set_score
+from environments.webshop.reward import (
+    MATCH_THRESHOLD,
+    RewardBreakdown,
+    normalize_color,
+    option_reward,
+    token_set_score,
+)
 from environments.webshop.search import PRODUCTS_PER_PAGE, clean_query
 from environments.webshop.world import WebShopWorld, get_world
 
@@ -80,7 +86,7 @@ Pages are shown as text; [SEP] separates their parts. Take exactly one action pe
 - search[QUERY]: search the store (only on the search page, the one with the search bar).
 - click[TEXT]: click something the current page shows: a product id on a results page, an option value on a product page, or a button: Next >, < Prev, Back to Search, Description, Features, Reviews, Buy Now.
 On a product page, click the option values you want (size, color, ...) before Buy Now. Buy Now buys the product and ends the episode; the score from 0 to 1 says how well the purchase matches the instruction.
-You may reason first inside <think></think>. Example turn: <think>I need to find the product first.</think><action>search[red cotton t-shirt for women]</action>"""
+You may reason first inside <think></think>. Example turn: <think>I need to find the product first.</think><action>search[red cotton t-shirt for women]</action>"""  # noqa: E501 (the prompt the model reads: one paragraph a line)
 
 _ACTION = re.compile(r"^(search|click)\s*\[(.*)\]$", re.IGNORECASE | re.DOTALL)
 _PRICE_CLAUSE = re.compile(r",? and price lower than [\d.,]+ dollars\s*$", re.IGNORECASE)
@@ -200,7 +206,8 @@ class WebShopEnv(TextEnv):
         return Transition(observation, 0.0, False, admissible=False)
 
     def _invalid(self, parsed: ParsedAction) -> str:
-        return f"Invalid action: {parsed.error}. Write one action as <action>search[...]</action> or <action>click[...]</action>. [SEP] {self._render()}"
+        return (f"Invalid action: {parsed.error}. Write one action as <action>search[...]</action> or "
+                f"<action>click[...]</action>. [SEP] {self._render()}")
 
     def _apply(self, action: ParsedAction) -> Transition:
         match = _ACTION.match(action.content or "")
@@ -286,7 +293,8 @@ class WebShopEnv(TextEnv):
         purchase = self.session.purchase
         lines = [
             f"Instruction: {goal.instruction_text}",
-            f"Target product: {target.asin}: {target.title} ({target.price_tag}; costs ${catalog.price(target.asin):.2f})",
+            f"Target product: {target.asin}: {target.title} ({target.price_tag}; costs "
+            f"${catalog.price(target.asin):.2f})",
             f"Target attributes: {', '.join(target.attributes)}",
             "Target options: "
             + ("; ".join(f"{g}: {', '.join(v)}" for g, v in target.options.items()) if target.options else "none"),
@@ -455,7 +463,8 @@ class WebShopEnv(TextEnv):
         groups = list(product.options)
         if math.prod(max(len(product.options[g]), 1) for g in groups) <= _MAX_OPTION_COMBINATIONS:
             candidates = (
-                dict(zip(groups, values, strict=True)) for values in itertools.product(*(product.options[g] for g in groups))
+                dict(zip(groups, values, strict=True))
+                for values in itertools.product(*(product.options[g] for g in groups))
             )
         else:
             candidates = iter([_greedy_options(product, goal)])

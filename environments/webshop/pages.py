@@ -101,7 +101,8 @@ def render(session: Session, instruction: str, products: dict[str, Product], *, 
     if session.page == SEARCH:
         return _join(["WebShop", *_header(instruction), "Search"])
     if session.page == RESULTS:
-        texts = [*_header(instruction), BACK_TO_SEARCH, f"Page {session.page_number} (Total results: {len(session.results)})"]
+        texts = [*_header(instruction), BACK_TO_SEARCH,
+                 f"Page {session.page_number} (Total results: {len(session.results)})"]
         if session.page_number > 1:
             texts.append(PREV_PAGE)
         texts.append(NEXT_PAGE)

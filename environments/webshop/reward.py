@@ -238,7 +238,8 @@ def noun_tagger(name: str = "builtin") -> Callable[[str], Sequence[str]]:
 # The components.
 
 
-def type_reward(purchased: Product, goal: Goal, nouns: Callable[[str], Sequence[str]] = builtin_nouns) -> dict[str, Any]:
+def type_reward(purchased: Product, goal: Goal,
+                nouns: Callable[[str], Sequence[str]] = builtin_nouns) -> dict[str, Any]:
     """r_type and its signals: `{"r_type", "query_match", "category_match", "title_score"}`."""
     query_match = purchased.query == goal.query
     purchased_levels = {level.strip() for level in purchased.product_category.split("›")}
@@ -283,7 +284,8 @@ def _goal_option_items(goal_options: Mapping[str, str] | Sequence[str]) -> list[
     return list(goal_options)
 
 
-def option_reward(chosen_options: Sequence[str], goal_options: Mapping[str, str] | Sequence[str]) -> tuple[float | None, int, list[Any]]:
+def option_reward(chosen_options: Sequence[str],
+                  goal_options: Mapping[str, str] | Sequence[str]) -> tuple[float | None, int, list[Any]]:
     """`(r_option or None without goal options, number matched, the matched goal options)`.
 
     Args:

@@ -111,7 +111,8 @@ def get_world(
                     loaded = _first_products(loaded, int(num_products))
             else:
                 loaded = Catalog.from_files(catalog, attributes=attributes, human=human, num_products=num_products)
-            world = WebShopWorld(loaded, build_goals(loaded, goals), nouns, None if index_dir is None else str(index_dir))
+            world = WebShopWorld(loaded, build_goals(loaded, goals), nouns, None if index_dir is None
+                                 else str(index_dir))
             _WORLDS[key] = world
         return world
 

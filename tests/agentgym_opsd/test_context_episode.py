@@ -7,7 +7,15 @@ import json
 import pytest
 
 import agentgym_opsd
-from agentgym_opsd import ContextPolicy, Episode, EpisodeRequest, ExpertAgent, load_episodes, run_episodes, save_episodes
+from agentgym_opsd import (
+    ContextPolicy,
+    Episode,
+    EpisodeRequest,
+    ExpertAgent,
+    load_episodes,
+    run_episodes,
+    save_episodes,
+)
 from agentgym_opsd.context import HistoryItem
 from agentgym_opsd.io import DataFileError, append_jsonl, read_jsonl
 
@@ -33,7 +41,8 @@ def test_full_and_window_messages() -> None:
     assert "a3" in text and "a4" in text and "a2" not in text and "o2" not in text
     assert text.rstrip().endswith("o4")
     # Before the first turn both policies show the same prompt.
-    assert ContextPolicy.parse("window:2").messages("SYS", "START", []) == ContextPolicy.parse("full").messages("SYS", "START", [])
+    assert ContextPolicy.parse("window:2").messages("SYS", "START",
+                                                    []) == ContextPolicy.parse("full").messages("SYS", "START", [])
 
 
 class RecordingAgent(ExpertAgent):
@@ -76,7 +85,8 @@ def test_jsonl_round_trip_is_exact(tmp_path) -> None:
 
 
 def test_corrupt_and_torn_files_name_the_line(tmp_path) -> None:
-    eps = run_episodes(lambda: agentgym_opsd.make("example/GuessNumber-v0"), ExpertAgent(), [EpisodeRequest(0)], progress=False)
+    eps = run_episodes(lambda: agentgym_opsd.make("example/GuessNumber-v0"), ExpertAgent(), [EpisodeRequest(0)],
+                       progress=False)
     path = tmp_path / "eps.jsonl"
     save_episodes(path, eps * 3)
     lines = path.read_text().splitlines()
@@ -101,7 +111,8 @@ def test_append_after_a_torn_line_starts_a_new_line(tmp_path) -> None:
 
 
 def test_episode_outcome_properties() -> None:
-    ep = run_episodes(lambda: agentgym_opsd.make("example/GuessNumber-v0"), ExpertAgent(), [EpisodeRequest(0)], progress=False)[0]
+    ep = run_episodes(lambda: agentgym_opsd.make("example/GuessNumber-v0"), ExpertAgent(), [EpisodeRequest(0)],
+                      progress=False)[0]
     assert ep.success and ep.score == 1.0 and ep.total_reward == 1.0 and ep.invalid_turns == 0
     keys = ep.state_keys_before()
     assert len(keys) == ep.num_turns and keys[0] == ep.initial.state_key

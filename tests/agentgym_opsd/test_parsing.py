@@ -104,7 +104,8 @@ def test_never_raises_and_spans_are_consistent(text: str, bare: bool) -> None:
 
 
 def test_bounded_time_on_huge_and_pathological_input() -> None:
-    cases = ["<" * 200_000, "<action>" * 100_000, "<think>" + "x" * 1_000_000, "</action>" * 50_000 + "<action>a</action>"]
+    cases = ["<" * 200_000, "<action>" * 100_000, "<think>" + "x" * 1_000_000,
+             "</action>" * 50_000 + "<action>a</action>"]
     for text in cases:
         t0 = time.perf_counter()
         parse_action(text)

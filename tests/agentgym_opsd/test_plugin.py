@@ -10,7 +10,14 @@ import gymnasium as gym
 
 import agentgym_opsd
 from agentgym_opsd.contract import check_text_env
-from agentgym_opsd.registry import ENTRY_POINT_GROUP, env_description, load_plugins, plugin_errors, registered_envs, task_count
+from agentgym_opsd.registry import (
+    ENTRY_POINT_GROUP,
+    env_description,
+    load_plugins,
+    plugin_errors,
+    registered_envs,
+    task_count,
+)
 
 
 def test_example_plugin_is_registered_through_its_entry_point() -> None:

@@ -62,7 +62,8 @@ class CountdownEnv(TextEnv):
         if action.content != "done":
             return Transition("Say done.", admissible=False)
         self.left -= 1
-        return Transition(f"{self.left} to go.", reward=float(self.left == 0), terminated=self.left == 0, admissible=True)
+        return Transition(f"{self.left} to go.", reward=float(self.left == 0), terminated=self.left == 0,
+                          admissible=True)
 
     def state_key(self):
         return hash_state(self.index, self.left)
@@ -90,22 +91,26 @@ def test_workers_play_the_same_episodes_as_in_process(guess_env):
         assert _records(served) == _records(local)
         assert all(e.error is None and e.finished for e in served)
     # The random agent really played (it is not the expert): some episode took another path.
-    random_turns = [e.num_turns for e in run_episodes(guess_env, RandomAgent(seed=3), requests, workers=2, progress=False)]
+    random_turns = [e.num_turns
+                    for e in run_episodes(guess_env, RandomAgent(seed=3), requests, workers=2, progress=False)]
     expert_turns = [e.num_turns for e in local]
     assert random_turns != expert_turns
 
 
 def test_a_random_agent_episode_does_not_depend_on_batching_or_order(guess_env):
     requests = [EpisodeRequest(seed=s) for s in range(10)]
-    one = {e.episode_id: e.to_dict() for e in run_episodes(guess_env, RandomAgent(seed=5), requests, num_envs=1, progress=False)}
-    many = {e.episode_id: e.to_dict() for e in run_episodes(guess_env, RandomAgent(seed=5), requests[::-1], num_envs=4, progress=False)}
+    one = {e.episode_id: e.to_dict()
+           for e in run_episodes(guess_env, RandomAgent(seed=5), requests, num_envs=1, progress=False)}
+    many = {e.episode_id: e.to_dict()
+            for e in run_episodes(guess_env, RandomAgent(seed=5), requests[::-1], num_envs=4, progress=False)}
     assert one == many
 
 
 def test_crashing_exiting_and_hanging_envs_cost_one_episode_each():
     requests = [EpisodeRequest(seed=s) for s in range(8)]
     started = time.monotonic()
-    episodes = run_episodes(CountdownEnv, ExpertAgent(), requests, workers=3, step_timeout=2.0, progress=False, start_method="fork")
+    episodes = run_episodes(CountdownEnv, ExpertAgent(), requests, workers=3, step_timeout=2.0, progress=False,
+                            start_method="fork")
     elapsed = time.monotonic() - started
     by_task = {e.task_id: e for e in episodes}
     assert len(episodes) == 8
@@ -116,7 +121,8 @@ def test_crashing_exiting_and_hanging_envs_cost_one_episode_each():
         assert by_task[f"countdown-{task}"].num_turns == 1
         assert by_task[f"countdown-{task}"].hindsight is None
     healthy = [e for e in episodes if e.task_id not in ("countdown-1", "countdown-3", "countdown-5")]
-    reference = run_episodes(lambda: CountdownEnv(faulty=False), ExpertAgent(), [EpisodeRequest(seed=s) for s in (0, 2, 4, 6, 7)], progress=False)
+    reference = run_episodes(lambda: CountdownEnv(faulty=False), ExpertAgent(),
+                             [EpisodeRequest(seed=s) for s in (0, 2, 4, 6, 7)], progress=False)
     assert _records(healthy) == _records(reference)
     assert all(e.success for e in healthy)
     assert elapsed < 45, f"the hung step was not cut off ({elapsed:.0f}s)"
@@ -188,7 +194,8 @@ class NoExpertEnv(CountdownEnv):
 
 def test_an_env_method_exception_reaches_the_agent_as_it_would_locally():
     with pytest.raises(AgentError, match="has no expert agent"):
-        run_episodes(NoExpertEnv, ExpertAgent(), [EpisodeRequest(seed=0)], workers=1, progress=False, start_method="fork")
+        run_episodes(NoExpertEnv, ExpertAgent(), [EpisodeRequest(seed=0)], workers=1, progress=False,
+                     start_method="fork")
 
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])

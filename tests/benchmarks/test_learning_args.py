@@ -30,7 +30,8 @@ def test_each_model_kind_gets_its_own_defaults_and_flags_override_them():
     assert (real.model, real.train_layers, real.eval_split, real.out) == ("smollm2-135m", 8, "valid_unseen",
                                                                            "runs/learning-smollm2-135m")
     tiny = learning.parse_args(["--model", "tiny", "--steps", "3", "--quick"])
-    assert (tiny.train_layers, tiny.eval_split, tiny.steps, tiny.out) == (0, "valid_seen", 3, "runs/learning-tiny-quick")
+    assert (tiny.train_layers, tiny.eval_split, tiny.steps,
+            tiny.out) == (0, "valid_seen", 3, "runs/learning-tiny-quick")
 
 
 def test_the_interval_holds_the_run_to_run_spread_not_only_games():

@@ -25,8 +25,8 @@ def test_bad_arguments_are_usage_errors(tmp_path):
 def test_every_panel_is_played_once_per_game(tmp_path):
     out = tmp_path / "ws"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--train-games", "3", "--sft-episodes", "6", "--sft-epochs", "1", "--episodes", "3",
-         "--max-turns", "15", "--tiny-hidden", "32", "--expert", "searching", "--out", str(out), "--no-progress"],
+        [sys.executable, str(SCRIPT), "--train-games", "3", "--sft-episodes", "6", "--sft-epochs", "1", "--episodes",
+         "3", "--max-turns", "15", "--tiny-hidden", "32", "--expert", "searching", "--out", str(out), "--no-progress"],
         capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]

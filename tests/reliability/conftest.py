@@ -61,13 +61,15 @@ def listening_addresses(pid: int) -> list[str]:
                 continue
             raw = bytes.fromhex(local.split(":")[0])
             words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # /proc prints host-order words
-            out.append(str(ipaddress.ip_address(words)) if family == socket.AF_INET else str(ipaddress.IPv6Address(words)))
+            out.append(str(ipaddress.ip_address(words)) if family == socket.AF_INET
+                       else str(ipaddress.IPv6Address(words)))
     return out
 
 
 def is_loopback(address: str) -> bool:
     ip = ipaddress.ip_address(address)
-    return ip.is_loopback or (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+    return ip.is_loopback or (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None
+                              and ip.ipv4_mapped.is_loopback)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,8 @@ def fuzz_settings(default: int) -> settings:
 
 ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=50)
 _SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | ANY_TEXT
-JSON_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(ANY_TEXT, inner, max_size=5), max_leaves=16)
+JSON_VALUES = st.recursive(
+    _SCALARS, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(ANY_TEXT, inner, max_size=5), max_leaves=16)
 
 
 def json_bytes(obj: object) -> bytes:

@@ -4,9 +4,9 @@ Each loader reads a small slice of a real file (../shared/data, or episodes this
 then truncates it, overwrites or deletes bytes, or inserts hazards (invalid UTF-8, NUL, JSON nested
 past Python's recursion limit, integers past its digit limit) at a random place. The loader must
 either read the file (a cut at a record boundary is still a valid file) or raise its documented error
-(`DataFileError`; `CatalogError` for WebShop, `GameFileError` for ALFWorld games) naming the file and a line (`path:N`, `line N`) or a
-record (`record N`), or, for a config whose syntax is fine but a value is wrong, the section, never
-another exception.
+(`DataFileError`; `CatalogError` for WebShop, `GameFileError` for ALFWorld games) naming the file and a line
+(`path:N`, `line N`) or a record (`record N`), or, for a config whose syntax is fine but a value is wrong, the
+section, never another exception.
 """
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ from agentgym_opsd.io import DataFileError
 
 FUZZ = fuzz_settings(40)
 PLACE = re.compile(r":\d+\b|\bline \d+|\brecord \d+")
-WHOLE_FILE = re.compile(r": (catalog \S+: )?(no questions in the file|no products|expected a mapping with sections rollout, credit, teacher)$")  # errors about no line in particular
+WHOLE_FILE = re.compile(
+    r": (catalog \S+: )?(no questions in the file|no products|expected a mapping with sections rollout, credit, "
+    r"teacher)$")  # errors about no line in particular
 # A config whose syntax is fine but a value is wrong names the setting instead of a line.
 CONFIG_KEY = re.compile(
-    r"^: (rollout|credit|teacher|unknown section|agents?\b|envs(\[\d+\])?|seeds|episodes|workers|num_envs|step_timeout|context|"
+    r"^: (rollout|credit|teacher|unknown section|agents?\b|envs(\[\d+\])?|seeds|episodes|workers|num_envs|"
+    r"step_timeout|context|"
     r"unknown setting|two agents|an env id|the config must be)"
 )
 
@@ -68,7 +71,8 @@ def _episodes_jsonl() -> bytes:
     from agentgym_opsd.agents import RandomAgent
     from agentgym_opsd.episode import save_episodes
 
-    episodes = run_episodes(lambda: agentgym_opsd.make("example/GuessNumber-v0"), RandomAgent(), [EpisodeRequest(seed=s) for s in range(4)], progress=False)
+    episodes = run_episodes(lambda: agentgym_opsd.make("example/GuessNumber-v0"), RandomAgent(),
+                            [EpisodeRequest(seed=s) for s in range(4)], progress=False)
     with tempfile.TemporaryDirectory() as tmp:
         save_episodes(Path(tmp) / "e.jsonl", episodes)
         return (Path(tmp) / "e.jsonl").read_bytes()
@@ -245,4 +249,5 @@ def test_a_corrupt_file_gives_an_error_naming_the_file_and_the_line(clean_files,
             message = str(e)
             assert str(path) in message, message[:300]
             rest = message.split(str(path), 1)[1]
-            assert PLACE.search(rest) or WHOLE_FILE.search(rest) or CONFIG_KEY.search(rest), f"no line or record in: {message[:300]}"
+            assert PLACE.search(rest) or WHOLE_FILE.search(rest) or CONFIG_KEY.search(
+                rest), f"no line or record in: {message[:300]}"

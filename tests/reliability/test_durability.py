@@ -196,7 +196,8 @@ def test_sigkill_during_a_trainer_checkpoint_save_leaves_a_resumable_run(tmp_pat
     try:
         deadline = time.monotonic() + 120
         while not (out / "checkpoint.pt").exists():  # the first checkpoint (before any update)
-            assert trainer.poll() is None and time.monotonic() < deadline, trainer.stderr.read()[-2000:] if trainer.poll() is not None else "no checkpoint"
+            assert trainer.poll() is None and time.monotonic() < deadline, trainer.stderr.read()[
+                -2000:] if trainer.poll() is not None else "no checkpoint"
             time.sleep(0.01)
         saves_seen = 0
         while saves_seen < 3:  # let a few updates pass, then kill during the next save
@@ -228,11 +229,13 @@ def test_sigkill_during_a_trainer_checkpoint_save_leaves_a_resumable_run(tmp_pat
 # (file, pattern) -> why a direct write is fine there.
 ALLOWED_DIRECT_WRITES = {
     ("agentgym_opsd/io.py", "open("): "the atomic writer itself",
-    ("environments/searchqa/fetch.py", "open("): "a download streamed to a hidden .part file, fsynced, then renamed into place",
+    ("environments/searchqa/fetch.py",
+     "open("): "a download streamed to a hidden .part file, fsynced, then renamed into place",
     ("environments/alfworld/panel.py", "open("): "the panel's lock file (its content is never read)",
     ("retrieval_index/process.py", "open("): "the child server's log (appended, diagnostic only)",
     ("benchmarks/retrieval_speed.py", "open("): "a scratch corpus in a temporary folder, deleted after the run",
-    ("benchmarks/scale.py", "open("): "generated corpora and catalogs streamed into its --work folder, deleted after each size",
+    ("benchmarks/scale.py",
+     "open("): "generated corpora and catalogs streamed into its --work folder, deleted after each size",
 }
 DIRECT_WRITE = re.compile(
     r"open\([^)]*['\"][wax]b?\+?['\"]|\.write_text\(|\.write_bytes\(|json\.dump\(|torch\.save\((?![^)]*buffer)|savefig\((?![^)]*buffer)|np\.save\(|\.tofile\("
@@ -247,6 +250,8 @@ def test_result_and_checkpoint_writers_go_through_the_atomic_io_layer() -> None:
             rel = path.relative_to(REPO).as_posix()
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
                 match = DIRECT_WRITE.search(line)
-                if match and (rel, "open(" if match.group(0).startswith("open(") else match.group(0)) not in ALLOWED_DIRECT_WRITES:
+                if match and (rel, "open(" if match.group(0).startswith("open(")
+                              else match.group(0)) not in ALLOWED_DIRECT_WRITES:
                     offenders.append(f"{rel}:{number}: {line.strip()}")
-    assert not offenders, "write these through agentgym_opsd.io (atomic_write_*, append_jsonl):\n" + "\n".join(offenders)
+    assert not offenders, "write these through agentgym_opsd.io (atomic_write_*, append_jsonl):\n" + "\n".join(
+        offenders)

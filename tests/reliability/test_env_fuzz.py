@@ -29,12 +29,16 @@ TAGS = [f"<{t}>" for t in (*ACTION_TAGS, "think")] + [f"</{t}>" for t in (*ACTIO
 TOKENS = st.sampled_from(
     TAGS + ["<ACTION>", "</Action>", "< action>", "<action x=1>", "<", ">", "</", "search[", "click[", "[", "]",
             "[[", "]]", "guess ", "guess 7", "go to", "take", "\n", "\x00", "\ud800", "\U0010ffff", "ǅ", "İ", "²",
-            "٣", "9" * 5000, "buy now", "< prev", "next >", "back to search", "description", "features", "reviews"]  # fmt: skip
+            "٣", "9" * 5000, "buy now", "< prev", "next >", "back to search", "description", "features",
+            "reviews"]  # fmt: skip
 ) | ANY_TEXT
 TAG_SOUP = st.lists(TOKENS, max_size=30).map("".join)
-HUGE = st.tuples(st.text(max_size=12), st.integers(1_000, 300_000)).map(lambda t: (t[0] or "x") * (t[1] // max(1, len(t[0] or "x"))))
-FORMS = st.sampled_from(["<action>{}</action>", "<action>search[{}]</action>", "<action>click[{}]</action>", "<search>{}</search>",
-                         "<answer>{}</answer>", "<action>guess {}</action>", "<think>{}</think><action>{}</action>", "{}"])  # fmt: skip
+HUGE = st.tuples(st.text(max_size=12),
+                 st.integers(1_000, 300_000)).map(lambda t: (t[0] or "x") * (t[1] // max(1, len(t[0] or "x"))))
+FORMS = st.sampled_from(["<action>{}</action>", "<action>search[{}]</action>", "<action>click[{}]</action>",
+                         "<search>{}</search>",
+                         "<answer>{}</answer>", "<action>guess {}</action>", "<think>{}</think><action>{}</action>",
+                         "{}"])  # fmt: skip
 IN_FORM = st.tuples(FORMS, TAG_SOUP | ANY_TEXT | HUGE).map(lambda t: t[0].replace("{}", t[1]))
 JUNK = ANY_TEXT | TAG_SOUP | HUGE | IN_FORM
 TURNS = st.lists(st.none() | JUNK, min_size=1, max_size=4)  # None: the expert's move
@@ -42,7 +46,8 @@ TURNS = st.lists(st.none() | JUNK, min_size=1, max_size=4)  # None: the expert's
 
 def _env_ids() -> list[str]:
     """One id per family: the example plug-in, Search-QA, WebShop, ALFWorld where registered."""
-    wanted = ["example/GuessNumber-v0", "agentgym/SearchQA-Synthetic-v0", "agentgym/WebShop-v0", "agentgym/ALFWorld-All-v0"]
+    wanted = ["example/GuessNumber-v0", "agentgym/SearchQA-Synthetic-v0", "agentgym/WebShop-v0",
+              "agentgym/ALFWorld-All-v0"]
     have = {e.id for e in registered_envs()}
     return [i for i in wanted if i in have]
 

@@ -51,16 +51,20 @@ def _check(response: requests.Response, sent: bytes | None = None, method: str =
 @example(body=b'{"queries": ["Paris"], "topk": NaN}')
 @example(body=b'{"queries": ["Paris"], "queries": 3}')
 def test_retrieve_never_answers_5xx(retrieval_server: RetrievalServer, body: bytes) -> None:
-    r = requests.post(f"{retrieval_server.url}/retrieve", data=body, headers={"Content-Type": "application/json"}, timeout=60)
+    r = requests.post(f"{retrieval_server.url}/retrieve", data=body, headers={"Content-Type": "application/json"},
+                      timeout=60)
     _check(r, body if r.status_code == 200 else None)
 
 
 @FUZZ
 @given(
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]),
-    path=st.sampled_from(["/retrieve", "/health", "/", "/retrieve/", "/health/x", "/%ff%fe", "/..%2f..%2fetc"]) | st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=30).map(lambda p: "/" + p),
+    path=st.sampled_from(["/retrieve", "/health", "/", "/retrieve/", "/health/x", "/%ff%fe",
+                          "/..%2f..%2fetc"]) | st.text(st.characters(min_codepoint=33, max_codepoint=126),
+                                                       max_size=30).map(lambda p: "/" + p),
     query=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
-    content_type=st.sampled_from(["application/json", "text/plain", "multipart/form-data; boundary=zz", "application/x-www-form-urlencoded", ""]),
+    content_type=st.sampled_from(["application/json", "text/plain", "multipart/form-data; boundary=zz",
+                                  "application/x-www-form-urlencoded", ""]),
     body=BODIES,
 )
 def test_every_route_and_method_answers_without_5xx(
@@ -74,7 +78,8 @@ def test_every_route_and_method_answers_without_5xx(
 
 
 def test_the_server_still_answers_correctly_after_the_fuzzing(retrieval_server: RetrievalServer) -> None:
-    r = requests.post(f"{retrieval_server.url}/retrieve", json={"queries": ["Paris France capital"], "topk": 2}, timeout=30)
+    r = requests.post(f"{retrieval_server.url}/retrieve", json={"queries": ["Paris France capital"], "topk": 2},
+                      timeout=30)
     assert r.status_code == 200 and len(r.json()["result"][0]) == 2
 
 

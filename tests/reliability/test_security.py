@@ -19,12 +19,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_retrieval_server_listens_on_loopback_by_default(wiki_index: Path, tmp_path: Path, assert_listens_on_loopback_only) -> None:
+def test_the_retrieval_server_listens_on_loopback_by_default(wiki_index: Path, tmp_path: Path,
+                                                             assert_listens_on_loopback_only) -> None:
     """`python -m retrieval_index.server` with no --host, as a user would start it."""
     port_file = tmp_path / "port"
     server = subprocess.Popen(
-        [sys.executable, "-m", "retrieval_index.server", "--index", str(wiki_index), "--port", "0", "--port-file", str(port_file),
-         "--exit-with-parent", str(os.getpid())],  # fmt: skip
+        [sys.executable, "-m", "retrieval_index.server", "--index", str(wiki_index), "--port", "0", "--port-file",
+         str(port_file), "--exit-with-parent", str(os.getpid())],  # fmt: skip
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -65,7 +66,9 @@ UNSAFE_LOADS = re.compile(
 )
 # (file, what) -> why it is not a data file being unpickled.
 ALLOWED_UNSAFE = {
-    ("agentgym_opsd/workers.py", "pickle.loads("): "checks that an exception object survives the pipe to its own worker (pickle.loads(pickle.dumps(e)))",
+    ("agentgym_opsd/workers.py",
+     "pickle.loads("): "checks that an exception object survives the pipe to its own worker "
+                       "(pickle.loads(pickle.dumps(e)))",
 }
 
 
@@ -81,7 +84,8 @@ def test_nothing_unpickles_data_files() -> None:
                 line = joined[: match.start()].count("\n") + 1
                 if (rel, match.group(0)) not in ALLOWED_UNSAFE:
                     offenders.append(f"{rel}:{line}: {match.group(0)}")
-    assert not offenders, "load data with json / safetensors / torch.load(weights_only=True) / yaml.safe_load:\n" + "\n".join(offenders)
+    assert not offenders, ("load data with json / safetensors / torch.load(weights_only=True) / yaml.safe_load:\n"
+                           + "\n".join(offenders))
 
 
 @pytest.mark.parametrize("payload", ["pickle", "yaml"])
@@ -151,7 +155,8 @@ def test_config_paths_are_not_followed_outside_their_root(tmp_path: Path) -> Non
         "catalog": "builtin", "goals": "human", "index_dir": "auto"}
 
 
-def test_bench_configs_keep_their_data_paths_inside_the_data_root(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bench_configs_keep_their_data_paths_inside_the_data_root(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from agentgym_opsd.app.bench_config import ConfigError, load_config
     from agentgym_opsd.app.cli import main as cli_main
 
@@ -173,12 +178,14 @@ def test_bench_configs_keep_their_data_paths_inside_the_data_root(tmp_path: Path
     assert loaded.envs[0].options["data_file"] == str((root / "data" / "nq.jsonl").resolve())
     assert loaded.envs[0].options["server_url"] == "http://127.0.0.1:9"  # not a path: untouched
     (root / "data" / "escape.jsonl").symlink_to(tmp_path / "private.jsonl")
-    for escape in ("../private.jsonl", str(tmp_path / "private.jsonl"), "data/escape.jsonl", "data/../../private.jsonl"):
+    for escape in ("../private.jsonl", str(tmp_path / "private.jsonl"), "data/escape.jsonl",
+                   "data/../../private.jsonl"):
         with pytest.raises(ConfigError, match=r"bench.toml: envs\[1\]: options\.data_file: .* outside the data root"):
             load_config(config(escape))
     # A wider root is the user's choice, on the command line (never in the config itself); paths are
     # then relative to it.
-    assert load_config(config("private.jsonl"), data_root=tmp_path).envs[0].options["data_file"] == str((tmp_path / "private.jsonl").resolve())
+    assert load_config(config("private.jsonl"),
+                       data_root=tmp_path).envs[0].options["data_file"] == str((tmp_path / "private.jsonl").resolve())
     assert cli_main(["bench", str(config("../private.jsonl")), "--out", str(tmp_path / "run"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "outside the data root" in err and "--data-root" in err

@@ -80,7 +80,8 @@ def test_slow_clients_do_not_block_the_others(
             assert status.startswith(b"HTTP/1.1 200"), answer[:200]
             assert len(json.loads(body)["result"][0]) == 3
     assert result.failures == 0, result.failure_examples
-    assert result.requests >= 0.25 * baseline.requests, f"with slow clients: {result.summary()}; without: {baseline.summary()}"
+    assert result.requests >= 0.25 * baseline.requests, (f"with slow clients: {result.summary()}; without: "
+                                                         f"{baseline.summary()}")
     assert result.max_ms < 30_000, result.summary()  # blocked: a request waits for the 120 s channel timeout
 
 
@@ -108,7 +109,8 @@ def _raw_exchange(url: str, data: bytes, timeout: float = 30.0) -> tuple[int, by
 
 
 def _chunked(body: bytes, size: int = 65536) -> bytes:
-    return b"".join(b"%x\r\n" % len(body[i : i + size]) + body[i : i + size] + b"\r\n" for i in range(0, len(body), size)) + b"0\r\n\r\n"
+    return b"".join(b"%x\r\n" % len(body[i : i + size]) + body[i : i + size] + b"\r\n"
+                    for i in range(0, len(body), size)) + b"0\r\n\r\n"
 
 
 def test_request_size_limits_hold_for_every_way_of_sending_a_body(retrieval_server: RetrievalServer) -> None:
@@ -134,7 +136,8 @@ def test_request_size_limits_hold_for_every_way_of_sending_a_body(retrieval_serv
     assert status == 431
     status, _ = _raw_exchange(url, b"GET /health?" + b"a" * 300_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     assert status == 431
-    for bad in (b"Content-Length: -5\r\n\r\n", b"Content-Length: abc\r\n\r\n", b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"):
+    for bad in (b"Content-Length: -5\r\n\r\n", b"Content-Length: abc\r\n\r\n",
+                b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"):
         status, _ = _raw_exchange(url, head + bad)
         assert status == 400, bad
     status, _ = _raw_exchange(url, b"\x00\xff\xfe not http\r\n\r\n")

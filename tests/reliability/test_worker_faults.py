@@ -37,8 +37,8 @@ def tally_env():
 def test_a_hung_reset_costs_its_episode_within_the_timeout() -> None:
     started = time.monotonic()
     make = workers.EnvFactory(TALLY, {"reset_delay": 120.0, "slow_tasks": (1,)})
-    episodes = run_episodes(make, ExpertAgent(), [EpisodeRequest(seed=s) for s in range(6)], workers=2, step_timeout=2.0,
-                            progress=False)  # fmt: skip
+    episodes = run_episodes(make, ExpertAgent(), [EpisodeRequest(seed=s) for s in range(6)], workers=2,
+                            step_timeout=2.0, progress=False)  # fmt: skip
     elapsed = time.monotonic() - started
     by_seed = {e.seed: e for e in episodes}  # an episode that never started has no id yet, but its seed
     assert len(episodes) == 6
@@ -92,8 +92,8 @@ def test_a_frozen_worker_costs_its_episode_within_the_timeout() -> None:
             return super().act(messages, info, env)
 
     started = time.monotonic()
-    episodes = run_episodes(workers.EnvFactory(TALLY, {}), Freezer(), [EpisodeRequest(seed=s) for s in range(6)], workers=2,
-                            step_timeout=2.0, progress=False)  # fmt: skip
+    episodes = run_episodes(workers.EnvFactory(TALLY, {}), Freezer(), [EpisodeRequest(seed=s) for s in range(6)],
+                            workers=2, step_timeout=2.0, progress=False)  # fmt: skip
     elapsed = time.monotonic() - started
     by_id = {e.episode_id: e for e in episodes}
     assert frozen and "timed out" in (by_id["tally-small-2@2"].error or "")

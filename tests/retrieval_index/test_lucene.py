@@ -75,11 +75,13 @@ def test_anserini_batches_and_one_by_one_batches_give_the_same_answers(searcher:
     """threads=2 hands a batch of ANSERINI_BATCH_MIN or more queries to Anserini's thread pool; threads=1
     (and smaller batches) search one query after another: ids, order and scores must not differ."""
     words = ("France", "Egypt", "music", "river", "war", "physics", "Rome", "film", "king", "city", "art")
-    queries = [f"{a} {b}" for a in words for b in ("history", "famous", "origin", "capital", "war", "")][: ANSERINI_BATCH_MIN + 6]
+    queries = [f"{a} {b}" for a in words
+               for b in ("history", "famous", "origin", "capital", "war", "")][: ANSERINI_BATCH_MIN + 6]
     assert len(queries) >= ANSERINI_BATCH_MIN
     pooled = searcher.batch_search(queries, k=4, threads=2)
     sequential = searcher.batch_search(queries, k=4, threads=1)
-    small = [hits for i in range(0, len(queries), 5) for hits in searcher.batch_search(queries[i : i + 5], k=4, threads=2)]
+    small = [hits for i in range(0, len(queries), 5)
+             for hits in searcher.batch_search(queries[i : i + 5], k=4, threads=2)]
     as_tuples = lambda rows: [[(h.docid, h.score, h.contents) for h in hits] for hits in rows]  # noqa: E731
     assert as_tuples(pooled) == as_tuples(sequential) == as_tuples(small)
     assert sum(1 for hits in pooled if hits) >= len(queries) - 2
@@ -270,7 +272,8 @@ def test_an_index_built_in_a_child_process_is_the_same_index(tmp_path: Path, sli
         for record in records[::37]:
             assert child.doc(record["id"]) == record["contents"]
             query = " ".join(split_title(record["contents"])[1].split()[:6])
-            assert [(h.docid, h.score) for h in child.search(query, 5)] == [(h.docid, h.score) for h in here.search(query, 5)]
+            assert [(h.docid, h.score)
+                    for h in child.search(query, 5)] == [(h.docid, h.score) for h in here.search(query, 5)]
     with pytest.raises(FileExistsError, match="already exists"):
         build_index_in_child(records, tmp_path / "child", progress=False)
     with pytest.raises(RuntimeError, match="record 2: needs 'contents'"):

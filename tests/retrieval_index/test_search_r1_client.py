@@ -33,7 +33,8 @@ class SearchR1Client:
 
     def post(self, queries: list[str], return_scores: bool = True) -> dict:
         # A bare requests.post (no session, no timeout, no status check), as Search-R1 sends it.
-        return requests.post(self.url, json={"queries": queries, "topk": self.topk, "return_scores": return_scores}).json()
+        return requests.post(self.url,
+                             json={"queries": queries, "topk": self.topk, "return_scores": return_scores}).json()
 
     def batch_search(self, queries: list[str]) -> list[str]:
         return [self.render(passages) for passages in self.post(queries)["result"]]
@@ -70,7 +71,8 @@ def test_a_turn_without_searches_gets_an_empty_result(client: SearchR1Client) ->
 
 
 @pytest.mark.parametrize("count", [1, 2])
-def test_one_and_two_queries_read_as_search_r1_reads_them(client: SearchR1Client, searcher: BM25Searcher, count: int) -> None:
+def test_one_and_two_queries_read_as_search_r1_reads_them(client: SearchR1Client, searcher: BM25Searcher,
+                                                          count: int) -> None:
     queries = ["capital of France", "who wrote the origin of species"][:count]
     rendered = client.batch_search(queries)
     assert rendered == [expected_rendering(searcher, q) for q in queries]
@@ -119,7 +121,8 @@ def test_the_largest_grpo_request_is_answered_whole_and_in_order(
     assert len(rendered) == SEARCH_R1_LARGEST_REQUEST
     assert rendered[5] == rendered[777] == ""
     expected = searcher.batch_search(queries, 3, threads=1)
-    assert rendered == [SearchR1Client.render([{"document": {"contents": h.contents}} for h in hits]) for hits in expected]
+    assert rendered == [SearchR1Client.render([{"document": {"contents": h.contents}} for h in hits])
+                        for hits in expected]
     health_after = requests.get(f"{retrieval_server.url}/health", timeout=10).json()
     assert health_after["queries"] - health_before["queries"] == SEARCH_R1_LARGEST_REQUEST
     # Searched in slices (one Lucene batch is at most max_batch_queries), not one 2,560-query call.
@@ -140,7 +143,8 @@ def five_thousand_character_query() -> tuple[str, str]:
     """(the query, its cut form: as many of its words as fit in 4,096 characters). The words past
     the cut (the tail, repeated) would decide the answer if they were searched."""
     filler = itertools.cycle(["river", "war", "music", "film", "city", "king", "physics", "novel", "empire", "island",
-                              "opera", "saint", "history", "origin", "famous", "founder", "language", "religion"])  # fmt: skip
+                              "opera", "saint", "history", "origin", "famous", "founder", "language",
+                              "religion"])  # fmt: skip
     query = ""
     while len(query) < 4100:
         query += f" {next(filler)}"
@@ -186,7 +190,8 @@ def test_over_long_queries_are_searched_cut_and_do_not_fail_the_batch(
     expected = searcher.batch_search(queries, 3, threads=1)
     for i in range(SEARCH_R1_LARGEST_REQUEST):
         if i not in (100, 2000):
-            assert rendered[i] == SearchR1Client.render([{"document": {"contents": h.contents}} for h in expected[i]]), i
+            assert rendered[i] == SearchR1Client.render([{"document": {"contents": h.contents}}
+                                                         for h in expected[i]]), i
     assert client.batch_search([queries[0]]) == [rendered[0]]  # a normal query's answer is its answer alone
     health_after = requests.get(f"{retrieval_server.url}/health", timeout=10).json()
     assert health_after["cut_queries"] - health_before["cut_queries"] == 2

@@ -27,7 +27,8 @@ def searcher(wiki_index: Path):
 
 
 def test_retrieve_returns_what_lucene_finds(retrieval_server: RetrievalServer, searcher: BM25Searcher) -> None:
-    r = requests.post(f"{retrieval_server.url}/retrieve", json={"queries": QUERIES, "topk": 4, "return_scores": True}, timeout=30)
+    r = requests.post(f"{retrieval_server.url}/retrieve", json={"queries": QUERIES, "topk": 4, "return_scores": True},
+                      timeout=30)
     assert r.status_code == 200
     result = r.json()["result"]
     assert len(result) == len(QUERIES)
@@ -43,11 +44,13 @@ def test_retrieve_returns_what_lucene_finds(retrieval_server: RetrievalServer, s
     assert document(Hit("y", 1.0, '"Dune"\n"Dune" is a novel.\n')) == {
         "id": "y", "title": "Dune", "text": '"Dune" is a novel.\n', "contents": '"Dune"\n"Dune" is a novel.\n'}
     # return_scores false: the bare documents (Search-R1's shape), same order.
-    bare = requests.post(f"{retrieval_server.url}/retrieve", json={"queries": QUERIES[:2], "topk": 2, "return_scores": False}, timeout=30)
+    bare = requests.post(f"{retrieval_server.url}/retrieve",
+                         json={"queries": QUERIES[:2], "topk": 2, "return_scores": False}, timeout=30)
     assert bare.status_code == 200
     assert bare.json()["result"] == [[item["document"] for item in row[:2]] for row in result[:2]]
     # Defaults: topk 3, no scores.
-    default = requests.post(f"{retrieval_server.url}/retrieve", json={"queries": QUERIES[:1]}, timeout=30).json()["result"]
+    default = requests.post(f"{retrieval_server.url}/retrieve", json={"queries": QUERIES[:1]},
+                            timeout=30).json()["result"]
     assert default == [[item["document"] for item in result[0][:3]]]
 
 
@@ -73,7 +76,8 @@ BAD_BODIES = [
     (b'{"queries": ["Paris"], "topk": "3"}', "must be an integer"),
     (b'{"queries": ["Paris"], "topk": true}', "must be an integer"),
     (b'{"queries": ["Paris"], "return_scores": "yes"}', "true or false"),
-    (json.dumps({"queries": ["Paris"] * (ServerLimits.max_queries + 1)}).encode(), f"at most {ServerLimits.max_queries}"),
+    (json.dumps({"queries": ["Paris"] * (ServerLimits.max_queries + 1)}).encode(),
+     f"at most {ServerLimits.max_queries}"),
     (json.dumps({"queries": ["Paris"] * 1000, "topk": 100}).encode(), "100000 passages; at most 65536"),
     ("{\"queries\": [\"\udcff\"]}".encode("utf-8", "surrogatepass"), "not valid JSON"),
     (b'{"queries": ["\\udcff"]}', "unpaired surrogate"),
@@ -82,7 +86,8 @@ BAD_BODIES = [
 
 @pytest.mark.parametrize("body,message", BAD_BODIES, ids=[m for _, m in BAD_BODIES])
 def test_bad_requests_get_400_with_a_reason(retrieval_server: RetrievalServer, body: bytes, message: str) -> None:
-    r = requests.post(f"{retrieval_server.url}/retrieve", data=body, headers={"Content-Type": "application/json"}, timeout=30)
+    r = requests.post(f"{retrieval_server.url}/retrieve", data=body, headers={"Content-Type": "application/json"},
+                      timeout=30)
     assert r.status_code == 400
     assert message in r.json()["error"]
 
@@ -123,7 +128,8 @@ def test_queries_at_the_limits_are_searched_as_sent_and_one_past_them_are_cut(
 def test_size_limits_and_unknown_routes_answer_json(retrieval_server: RetrievalServer) -> None:
     limit = requests.get(f"{retrieval_server.url}/health", timeout=10).json()["limits"]["max_body_bytes"]
     big = b'{"queries": ["' + b"a" * (limit + 1000) + b'"]}'
-    r = requests.post(f"{retrieval_server.url}/retrieve", data=big, headers={"Content-Type": "application/json"}, timeout=60)
+    r = requests.post(f"{retrieval_server.url}/retrieve", data=big, headers={"Content-Type": "application/json"},
+                      timeout=60)
     assert r.status_code == 413 and "larger than" in r.json()["error"]
     r = requests.get(f"{retrieval_server.url}/retrieve", timeout=10)
     assert r.status_code == 405 and "not allowed" in r.json()["error"]
@@ -134,7 +140,8 @@ def test_size_limits_and_unknown_routes_answer_json(retrieval_server: RetrievalS
 
 
 def test_concurrent_clients_get_their_own_answers(retrieval_server: RetrievalServer, searcher: BM25Searcher) -> None:
-    queries = [f"{w} {v}" for w in ("river", "war", "music", "film", "city", "king") for v in ("history", "origin", "famous")]
+    queries = [f"{w} {v}" for w in ("river", "war", "music", "film", "city", "king")
+               for v in ("history", "origin", "famous")]
     expected = {q: [h.docid for h in searcher.search(q, 3)] for q in queries}
     before = requests.get(f"{retrieval_server.url}/health", timeout=10).json()
     errors: list[BaseException] = []
@@ -209,7 +216,8 @@ def test_batcher_searches_a_large_request_in_slices(searcher: BM25Searcher) -> N
     recorder = _HeldSearcher(searcher, [])
     recorder.release.set()
     batcher = Batcher(recorder, lucene_threads=2, max_batch_queries=4)
-    queries = [f"{w} history" for w in ("France", "Egypt", "music", "river", "war", "physics", "Rome", "film", "art", "law")]
+    queries = [f"{w} history"
+               for w in ("France", "Egypt", "music", "river", "war", "physics", "Rome", "film", "art", "law")]
     got = batcher.search(queries, 2)
     assert [len(b) for b in recorder.batches] == [4, 4, 2]
     assert [[h.docid for h in hits] for hits in got] == [[h.docid for h in searcher.search(q, 2)] for q in queries]

@@ -238,7 +238,8 @@ def per_token(adv: torch.Tensor, where) -> dict:
     return {key: float(adv[r, p]) for key, (r, p) in where.items()}
 
 
-def random_episodes(rng: random.Random, n_groups=3, max_group=4, max_turns=4, max_tokens=5, gap_scale=2.0, empty_span_p=0.2):
+def random_episodes(rng: random.Random, n_groups=3, max_group=4, max_turns=4, max_tokens=5, gap_scale=2.0,
+                    empty_span_p=0.2):
     episodes = []
     for g in range(n_groups):
         for _ in range(rng.randint(1, max_group)):

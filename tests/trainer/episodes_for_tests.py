@@ -17,7 +17,8 @@ def make_episode(
     task_type: str = "heat",
     env_id: str = "agentgym/ALFWorld-Heat-v0",
     instructions: str = "Solve the task. Think inside <think></think>, then act inside <action>...</action>.",
-    initial_observation: str = "You are in the middle of a room. Your task is to: heat some egg and put it in the garbagecan.",
+    initial_observation: str = "You are in the middle of a room. Your task is to: heat some egg and put it in the "
+                               "garbagecan.",
     states: list[str] | None = None,
     rewards: list[float] | None = None,
     reference: str = "Expert plan: go to fridge 1, take egg 1, heat egg 1 with microwave 1, put egg 1 in garbagecan 1.",
@@ -35,7 +36,8 @@ def make_episode(
             state_key=states[k], task_id="task-1", task_type=task_type, episode_id=episode_id,
         )
         last = k == len(responses) - 1
-        turns.append(Turn(response, parsed.content, observations[k], rewards[k], last and success, last and not success, step))
+        turns.append(Turn(response, parsed.content, observations[k], rewards[k], last and success, last and not success,
+                          step))
     initial = StepInfo(0, None, None, None, True, None, None, None, "s0", "task-1", task_type, episode_id)
     return Episode(
         env_id=env_id, task_id="task-1", task_type=task_type, episode_id=episode_id, seed=0, agent="test",

@@ -117,7 +117,8 @@ def test_the_framing_cache_keeps_no_tokenizer_however_many_unpickled_copies(qwen
         for _ in range(copies):
             copy = pickle.loads(blob)
             framing = framing_for(copy)
-            assert framing.tokenizer is copy and framing.encode("You see a desk.") == tokenizer("You see a desk.")["input_ids"]
+            assert framing.tokenizer is copy and framing.encode("You see a desk.") == tokenizer("You see a desk.")[
+                "input_ids"]
             alive.append(weakref.ref(copy))
             del copy, framing
         gc.collect()

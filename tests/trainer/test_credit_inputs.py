@@ -45,7 +45,8 @@ def test_local_and_bridge_trainers_default_to_the_same_credit(tmp_path: Path):
     """docs/credit.md#agentopsd-teacher: AgentOPSD's teacher is the current (old) policy: live in both trainers. Every
     other default agrees too; StepOPSD's `stale` snapshot is the local trainer's default, the bridge
     scores on its actor group (always live) and says so."""
-    for env_id in ("agentgym/ALFWorld-Pick-v0", "agentgym/WebShop-v0", "agentgym/SearchQA-NQ-v0", "example/GuessNumber-v0"):
+    for env_id in ("agentgym/ALFWorld-Pick-v0", "agentgym/WebShop-v0", "agentgym/SearchQA-NQ-v0",
+                   "example/GuessNumber-v0"):
         for method in ("grpo", "gigpo", "stepopsd", "agentopsd"):
             local = TrainConfig(env_id=env_id, out=str(tmp_path), method=method).credit_config().to_dict()
             bridge = BridgeConfig.from_dict({"credit": {"method": method}}).credit_config(env_id).to_dict()

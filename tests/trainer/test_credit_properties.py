@@ -151,7 +151,8 @@ def test_agentopsd_equal_nonzero_db_gives_grpo():
     batch, _ = to_batch(episodes, dtype=torch.float64)
     cfg = config("agentopsd", belief_gamma=1.0)
     got, diag = compute_advantages(batch, cfg, 0)
-    assert diag["credit/dB_std"] == pytest.approx(0.0, abs=1e-6) and diag["credit/dB_mean"] == pytest.approx(d, rel=1e-5)
+    assert diag["credit/dB_std"] == pytest.approx(0.0,
+                                                  abs=1e-6) and diag["credit/dB_mean"] == pytest.approx(d, rel=1e-5)
     torch.testing.assert_close(got, grpo_of(batch, cfg), rtol=1e-6, atol=0)
 
 
@@ -163,7 +164,8 @@ def test_agentopsd_equal_nonzero_db_gives_grpo():
 @pytest.mark.parametrize("layout", ["full", "turn"])
 def test_shuffling_rows_and_episodes_changes_nothing(method, layout):
     episodes = random_episodes(random.Random(9), n_groups=4, max_group=4, max_turns=5)
-    base = per_token(compute_advantages(*[to_batch(episodes, layout)[0], config(method)], 0)[0], to_batch(episodes, layout)[1])
+    base = per_token(compute_advantages(*[to_batch(episodes, layout)[0], config(method)], 0)[0],
+                     to_batch(episodes, layout)[1])
     for seed in (1, 2, 3):
         batch, where = to_batch(episodes, layout, seed=seed)
         got = per_token(compute_advantages(batch, config(method), 0)[0], where)
@@ -275,9 +277,11 @@ def episode_batches(draw):
                     st.lists(st.tuples(st.booleans(), st.floats(-30, 0), gap), min_size=0, max_size=4)
                 )
                 tokens = [(s, lp, lp + d) for s, lp, d in tokens]
-                turns.append({"reward": draw(st.sampled_from([0.0, 1.0])), "state": draw(st.integers(-1, 2)), "tokens": tokens})
+                turns.append({"reward": draw(st.sampled_from([0.0, 1.0])), "state": draw(st.integers(-1, 2)),
+                              "tokens": tokens})
             episodes.append(
-                {"group": g, "success": draw(st.booleans()), "score": draw(st.floats(0, 1)), "invalid": draw(st.integers(0, 3)), "turns": turns}
+                {"group": g, "success": draw(st.booleans()), "score": draw(st.floats(0, 1)),
+                 "invalid": draw(st.integers(0, 3)), "turns": turns}
             )
     return episodes
 
@@ -303,7 +307,8 @@ def test_property_signs_bounds_finite(episodes, method, saturated, seed):
     assert bool(torch.isfinite(got).all())
     assert all(math.isfinite(v) for v in diag.values() if isinstance(v, float))
     assert torch.equal(torch.sign(got), torch.sign(base))
-    bound = {"stepopsd": cfg.lam_mix * cfg.alpha_clip, "agentopsd": cfg.lam * cfg.b, "rlsd": cfg.lam_mix * cfg.rlsd_clip}[method]
+    bound = {"stepopsd": cfg.lam_mix * cfg.alpha_clip, "agentopsd": cfg.lam * cfg.b,
+             "rlsd": cfg.lam_mix * cfg.rlsd_clip}[method]
     r = ratio(got, base)
     if r.numel():
         assert float(r.min()) >= 1 - bound - 1e-5 and float(r.max()) <= 1 + bound + 1e-5

@@ -52,7 +52,8 @@ def test_context_before_each_turn_is_the_rendered_prompt(qwen3):
         prefix = qwen3.decode(ids[:start].tolist())
         assert prefix == render_prompt(qwen3, episode_messages(ep, k))
         if k == 0:  # no earlier assistant turn: the template's own rendering
-            assert prefix == qwen3.apply_chat_template(episode_messages(ep, 0), tokenize=False, add_generation_prompt=True)
+            assert prefix == qwen3.apply_chat_template(episode_messages(ep, 0), tokenize=False,
+                                                       add_generation_prompt=True)
 
 
 def test_qwen3_reasoning_of_earlier_turns_is_kept(qwen3):
@@ -142,7 +143,8 @@ def test_template_that_alters_the_generation_prompt_is_followed_in_token_space(q
     rows = build_rows([ep], qwen3, chat_template_kwargs={"enable_thinking": False})
     for k in range(3):
         start = int((rows.turn_id[0] == k).nonzero()[0])
-        assert qwen3.decode(rows.input_ids[0, :start].tolist()).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert qwen3.decode(rows.input_ids[0,
+                                           :start].tolist()).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     rows = build_rows([ep], qwen3, context="window:1", chat_template_kwargs={"enable_thinking": False})
     assert qwen3.decode(rows.input_ids[0, : int(rows.prompt_len[0])].tolist()).endswith("<think>\n\n</think>\n\n")
 
@@ -181,7 +183,8 @@ def test_errored_episodes_are_refused(qwen3):
 def test_rows_from_a_played_env_feed_the_credit_core(qwen3):
     """GuessNumber (the example plug-in) played by a random agent, as a trainer would."""
     requests = [EpisodeRequest(seed=s % 3, group=f"task{s % 3}") for s in range(9)]
-    episodes = run_episodes(lambda: agentgym_opsd.make("example/GuessNumber-v0"), RandomAgent(1), requests, progress=False)
+    episodes = run_episodes(lambda: agentgym_opsd.make("example/GuessNumber-v0"), RandomAgent(1), requests,
+                            progress=False)
     rows = build_rows(episodes, qwen3, span_mode="action_only")
     assert rows.episode_group.tolist() == [0, 1, 2] * 3 and rows.group_names == ["task0", "task1", "task2"]
     # Equal env states share a state id (every episode starts from its task's initial state).

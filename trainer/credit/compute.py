@@ -165,7 +165,8 @@ def compute_advantages(
         elif method == "agentopsd":
             evidence = turn_evidence(delta, layout, scored)                            # e_k
             # B_0's outcome: binary success, or the release's raw 0/10 reward (docs/credit.md#the-release-preset)
-            prior = batch.success if config.prior == "success" else RELEASE_SUCCESS_REWARD * batch.success.to(torch.float64)
+            prior = batch.success if config.prior == "success" else RELEASE_SUCCESS_REWARD * batch.success.to(
+                torch.float64)
             A_out, parts = agentopsd_advantage(
                 A, A_episode, evidence, prior, batch.episode_group, layout,
                 lam=config.lam, b=config.b, gamma=config.belief_gamma, eps0=config.eps0, eps=eps,
@@ -186,7 +187,8 @@ def compute_advantages(
         result.scored = layout.to_rows(scored, dtype=torch.bool)
         result.evidence = evidence if evidence is not None else turn_evidence(delta, layout, scored)
     if "w" in parts and method in ("stepopsd", "rlsd"):
-        result.token_weight = layout.to_rows(parts["w"]) + (batch.turn_id < 0).to(torch.float32)  # 1 off the generated tokens
+        # 1 off the generated tokens
+        result.token_weight = layout.to_rows(parts["w"]) + (batch.turn_id < 0).to(torch.float32)
         result.budget = parts.get("c")
     if method == "agentopsd" and "B" in parts:
         result.belief, result.belief_delta, result.turn_weight = parts["B"], parts["dB"], parts["w"]

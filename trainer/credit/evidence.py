@@ -41,7 +41,8 @@ def token_gap(
         # no gap at all.
         delta = torch.nan_to_num_(delta, nan=0.0)
     # where(), not a product: NaN or inf gaps outside the scored span must become 0, not NaN.
-    return torch.where(scored, delta.clamp_(-max_abs_gap, max_abs_gap), torch.zeros((), dtype=delta.dtype, device=delta.device))
+    return torch.where(scored, delta.clamp_(-max_abs_gap, max_abs_gap),
+                       torch.zeros((), dtype=delta.dtype, device=delta.device))
 
 
 def turn_evidence(delta: torch.Tensor, layout: TurnLayout, scored: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,8 @@ from trainer.openrlhf.rollout import EnvEpisodeRunner
 __all__ = ["AgentExecutor"]
 
 # The project's own env families and the modules that register them.
-BUILTIN_FAMILIES = {"ALFWorld": "environments.alfworld", "SearchQA": "environments.searchqa", "WebShop": "environments.webshop"}
+BUILTIN_FAMILIES = {"ALFWorld": "environments.alfworld", "SearchQA": "environments.searchqa",
+                    "WebShop": "environments.webshop"}
 
 
 def register_builtin_families() -> None:

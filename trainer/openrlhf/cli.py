@@ -90,7 +90,8 @@ def add_train_parser(subparsers) -> None:
     p.add_argument("--eval-prompts", help="evaluation prompt dataset")
     p.add_argument("--gpus", type=int, default=8, help="GPUs of the node (preset layout)")
     p.add_argument("--out", default="runs/openrlhf", help="output folder (preset)")
-    p.add_argument("--dry-run", action="store_true", help="run OpenRLHF's argument parser and checks only, print the command")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run OpenRLHF's argument parser and checks only, print the command")
     p.add_argument("openrlhf_flags", nargs=argparse.REMAINDER, help="-- then OpenRLHF flags (override the preset's)")
     p.set_defaults(func=_cmd_train)
 

@@ -184,7 +184,8 @@ class BridgeConfig:
         try:
             return cls.from_dict(json.loads(raw), f"${ENV_VAR}")
         except json.JSONDecodeError as e:
-            raise ConfigError(f"${ENV_VAR} is not valid JSON ({e}); start training with `agentgym-opsd train-openrlhf`") from None
+            raise ConfigError(
+                f"${ENV_VAR} is not valid JSON ({e}); start training with `agentgym-opsd train-openrlhf`") from None
 
 
 def load_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -278,4 +279,5 @@ class TaskLabel:
         unknown = sorted(set(data) - {"env_id", "seed", "options", "env_kwargs"})
         if unknown:
             raise ConfigError(f"task label: unknown key(s) {unknown}")
-        return cls(str(data["env_id"]), int(data["seed"]), dict(data.get("options") or {}), dict(data.get("env_kwargs") or {}))
+        return cls(str(data["env_id"]), int(data["seed"]), dict(data.get("options") or {}),
+                   dict(data.get("env_kwargs") or {}))

@@ -51,7 +51,8 @@ def _full_layout(action_layout: torch.Tensor, width: int, fill) -> torch.Tensor:
 
 
 def rollout_token_rows(experiences, n_samples_per_prompt: int, tokenizer, config: CreditConfig, turn_key: str,
-                       action_key: str, record_key: str, chat_template_kwargs: dict[str, Any] | None = None) -> RolloutBatch:
+                       action_key: str, record_key: str,
+                       chat_template_kwargs: dict[str, Any] | None = None) -> RolloutBatch:
     """The credit core's rows for a list of OpenRLHF experiences (see the module docstring)."""
     width = max(int(e.sequences.shape[1]) for e in experiences)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)

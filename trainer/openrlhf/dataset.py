@@ -46,7 +46,8 @@ def parse_seeds(text: str) -> list[int]:
             else:
                 seeds.append(int(part))
         except ValueError:
-            raise ValueError(f"seeds {text!r}: write START:END (END excluded) or a comma list, e.g. 0:512 or 1,2,3") from None
+            raise ValueError(
+                f"seeds {text!r}: write START:END (END excluded) or a comma list, e.g. 0:512 or 1,2,3") from None
     if not seeds:
         raise ValueError(f"seeds {text!r}: no seed given")
     return seeds

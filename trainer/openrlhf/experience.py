@@ -51,7 +51,8 @@ class CreditExperienceMaker(RemoteExperienceMaker):
                 "group-normalised advantage; use --algo.advantage.estimator group_norm"
             )
         if args.rollout.n_samples_per_prompt < 2:
-            raise ConfigError("--rollout.n_samples_per_prompt must be >= 2: credit is computed within groups of one task")
+            raise ConfigError(
+                "--rollout.n_samples_per_prompt must be >= 2: credit is computed within groups of one task")
         if self.initial_model_group is not None and not args.algo.kl.use_loss and self.kl_ctl.value > 0:
             raise ConfigError(
                 "a KL penalty folded into the reward would be overwritten by the credit advantages; "
@@ -87,7 +88,8 @@ class CreditExperienceMaker(RemoteExperienceMaker):
         self.last_diagnostics = logs
         for e, (start, end) in zip(experiences, batch.slices, strict=True):
             n = e.action_mask.shape[1]
-            e.advantages = advantages[start:end, 1 : n + 1].to(e.advantages.dtype) * e.action_mask.to(e.advantages.dtype)
+            e.advantages = advantages[start:end,
+                                      1 : n + 1].to(e.advantages.dtype) * e.action_mask.to(e.advantages.dtype)
             for key in (TURN_KEY, ACTION_KEY, RECORD_KEY):
                 e.info.pop(key, None)
             for key, value in logs.items():

@@ -138,13 +138,15 @@ class HFAsyncEngine:
             text = self.tokenizer.decode(tokens[:-1] if stopped else tokens, skip_special_tokens=skip)
             want = getattr(r.params, "logprobs", None) is not None
             results.append(
-                RequestOutput(r.prompt, [Completion(tokens, text, "stop" if stopped else "length", logprobs[i] if want else None)])
+                RequestOutput(r.prompt, [Completion(tokens, text, "stop" if stopped else "length", logprobs[i] if want
+                                                    else None)])
             )
         return results
 
     def _pick(self, logits: torch.Tensor, params: Any) -> tuple[int, float]:
         """Sample one token (greedy at temperature 0) and its log-prob under the processed distribution."""
-        temperature = float(getattr(params, "temperature", 1.0) if getattr(params, "temperature", None) is not None else 1.0)
+        temperature = float(getattr(params, "temperature", 1.0) if getattr(params, "temperature", None) is not None
+                            else 1.0)
         if temperature <= 0:
             token = int(logits.argmax())
             return token, float(torch.log_softmax(logits, -1)[token])

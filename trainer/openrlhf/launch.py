@@ -99,7 +99,8 @@ def complete_flags(flags: Sequence[str]) -> list[str]:
         if _has(flags, name):
             raise LaunchError(
                 f"{name}: the credit core computes the outcome reward from the episode records (credit.success_scale, "
-                "score_coef, invalid_coef), so OpenRLHF's length penalties would not reach the advantages; drop the flag"
+                "score_coef, invalid_coef), so OpenRLHF's length penalties would not reach the advantages; drop "
+                "the flag"
             )
     added: list[str] = []
     if not _has(flags, "--train.agent_func_path"):
@@ -163,7 +164,8 @@ def parse_openrlhf_flags(flags: Sequence[str]) -> Any:
     def stop(args):
         raise _Parsed(args)
 
-    with mock.patch.object(openrlhf.utils, "get_strategy", stop), mock.patch.object(ray, "is_initialized", lambda: True):
+    with mock.patch.object(openrlhf.utils, "get_strategy",
+                           stop), mock.patch.object(ray, "is_initialized", lambda: True):
         try:
             _run_entry(list(flags), checks_only=True)
         except _Parsed as parsed:
@@ -259,7 +261,8 @@ def launch(config: BridgeConfig, flags: Sequence[str], dry_run: bool = False, ou
         elif _flag_value(final, "--train.agent_func_path") == AGENT_LOADER:
             raise LaunchError(
                 "Ray is already running in this process without the project's code in its runtime_env; "
-                f"start it with ray.init(runtime_env=code_runtime_env(DIR)) or pass --train.agent_func_path {AGENT_FUNC_PATH}"
+                "start it with ray.init(runtime_env=code_runtime_env(DIR)) or pass --train.agent_func_path "
+                f"{AGENT_FUNC_PATH}"
             )
         print(command, file=out)
         with installed_trainer():

@@ -94,7 +94,8 @@ class EnvEpisodeRunner:
         self.config = config or BridgeConfig()
         self.settings = self.config.rollout
         self.pool = _EnvPool()
-        self._threads = ThreadPoolExecutor(max_workers=int(self.settings.env_threads), thread_name_prefix="agentgym-env")
+        self._threads = ThreadPoolExecutor(max_workers=int(self.settings.env_threads),
+                                           thread_name_prefix="agentgym-env")
 
     def framing(self, tokenizer: Any) -> ChatFraming:
         """The policy's chat framing. OpenRLHF hands every call a freshly unpickled tokenizer: the
@@ -139,7 +140,8 @@ class EnvEpisodeRunner:
             return self._errored(task, prompt, framing, sampling_params, e)
         healthy = True
         try:
-            return await self._play(env, task, env_kwargs, prompt, sampling_params, int(max_length), framing, llm_engine)
+            return await self._play(env, task, env_kwargs, prompt, sampling_params, int(max_length), framing,
+                                    llm_engine)
         except Exception as e:  # noqa: BLE001 - env failure, retrieval server down, prompt too long
             healthy = False
             return self._errored(task, prompt, framing, sampling_params, e)
@@ -246,7 +248,8 @@ class EnvEpisodeRunner:
         stop = framing.close_id if framing.close_id is not None else getattr(framing.tokenizer, "eos_token_id", None)
         stop = int(stop if stop is not None else 0)
         episode = Episode(
-            env_id=task.env_id, task_id="", task_type="", episode_id=f"errored-{task.env_id}#{task.seed}-{uuid.uuid4().hex[:8]}",
+            env_id=task.env_id, task_id="", task_type="",
+            episode_id=f"errored-{task.env_id}#{task.seed}-{uuid.uuid4().hex[:8]}",
             seed=task.seed, agent=AGENT_NAME, context="full", instructions="", initial_observation="", initial=None,
             group=f"{task.env_id}#{task.seed}", error=reason,
         )

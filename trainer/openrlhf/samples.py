@@ -70,7 +70,8 @@ class AgentGymSamplesGenerator(SamplesGenerator):
         turn, action, placeholder = turn_structure(response, truncate_length)
         generated = (turn > 0) | (placeholder > 0)
         if not torch.equal(generated.long(), experience.action_mask[0].long()):
-            raise AssertionError("turn ids disagree with OpenRLHF's action mask; the executor's ranges are inconsistent")
+            raise AssertionError(
+                "turn ids disagree with OpenRLHF's action mask; the executor's ranges are inconsistent")
         experience.info[TURN_KEY] = turn.unsqueeze(0)
         experience.info[ACTION_KEY] = action.unsqueeze(0)
         experience.info[RECORD_KEY] = [json.dumps(response["agentgym"]["record"], ensure_ascii=False)]

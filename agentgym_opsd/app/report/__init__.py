@@ -4,7 +4,8 @@
 self-contained `report.html` (images inlined, no network). What it reads (each part is optional):
 
 - `results.json`, `plots/*.png`, `config.json`: a bench's results, charts and config
-  (`agentgym_opsd.app.bench`, `agentgym_opsd.app.bench_config`); a config with a `headline` gets it first, with its eval command.
+  (`agentgym_opsd.app.bench`, `agentgym_opsd.app.bench_config`); a config with a `headline` gets it first, with
+  its eval command.
 - `episodes.jsonl`: the bench's episodes; a few per agent, env and split go to the viewer.
 - `training/<method>/metrics.jsonl`: one JSON object per update (`update`, then numbers such as
   `success_rate`, `mean_reward`, `loss`); the methods are drawn side by side.

@@ -23,12 +23,13 @@ __all__ = ["RunData", "Section", "SECTIONS", "load_run", "render_report", "write
 
 # Metrics drawn first when a training run logs them (then any other shared numeric key).
 _PREFERRED_METRICS = (
-    "eval/success", "train/success", "success_rate", "credit/reward_mean", "train/reward", "mean_reward", "mean_score", "loss",
-    "credit/adv_std_ratio", "train/invalid_rate", "invalid_rate",
+    "eval/success", "train/success", "success_rate", "credit/reward_mean", "train/reward", "mean_reward", "mean_score",
+    "loss", "credit/adv_std_ratio", "train/invalid_rate", "invalid_rate",
 )
 # What the panels are called: the credit's reward is what the update used (shaped: invalid-action
 # penalties included), the env's reward is what the episodes earned.
-_METRIC_TITLES = {"credit/reward_mean": "credit/reward_mean (reward the update used)", "train/reward": "train/reward (env reward)"}
+_METRIC_TITLES = {"credit/reward_mean": "credit/reward_mean (reward the update used)",
+                  "train/reward": "train/reward (env reward)"}
 # Bookkeeping keys of a metrics row, never drawn.
 _NOT_METRICS = {"update", "step", "time", "kind"}
 
@@ -232,11 +233,13 @@ def _plots_html(plots: list[Path], results: dict[str, Any]) -> str:
     from agentgym_opsd.app.bench import HEADLINE_CHART
 
     figures = "".join(_figure_html(path, path.stem) for path in plots if path.name != HEADLINE_CHART)
-    silent = [f"{family} {subset}" for (family, subset), rows in chart_groups(results).items() if not says_something(rows)]
+    silent = [f"{family} {subset}" for (family, subset), rows in chart_groups(results).items()
+              if not says_something(rows)]
     note = ""
     if silent:
-        note = (f'<p class="note">Not drawn: {len(silent)} chart{"s" if len(silent) > 1 else ""} in which no agent but the '
-                f"{REFERENCE_AGENT} won an episode ({html.escape(', '.join(silent))}); the tables above hold their rows.</p>")
+        note = (f'<p class="note">Not drawn: {len(silent)} chart{"s" if len(silent) > 1 else ""} in which no agent '
+                f"but the {REFERENCE_AGENT} won an episode ({html.escape(', '.join(silent))}); the tables above hold "
+                "their rows.</p>")
     return (f'<div class="plots">{figures}</div>' if figures else "") + note
 
 
@@ -278,7 +281,8 @@ def _eval_note(data: RunData) -> str:
     headline = data.bench.headline if data.bench is not None else None
     row = next((r for r in (data.results or {}).get("results", []) if _is_headline(r, headline)), None)
     if row is not None:
-        text += f"; the {headline.label} result above ({row['episodes']} episodes per agent) is the measure of what the policies learned"
+        text += (f"; the {headline.label} result above ({row['episodes']} episodes per agent) is the measure of what "
+                 "the policies learned")
     return text + "."
 
 
@@ -302,8 +306,10 @@ def _training_html(training: dict[str, list[dict[str, Any]]], eval_sizes: dict[s
         updates = max((int(row.get("update", row.get("step", 0))) for row in metrics), default=0)
         rows.append(f"<tr><td class=agent>{html.escape(method)}</td><td class=num>{updates}</td>{cells}</tr>")
     head = "".join(f"<th>{html.escape(n.replace('_', ' '))} (first &rarr; last)</th>" for n in names)
-    table = f'<table class="results"><thead><tr><th>method</th><th>updates</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-    image = f'<div class="plots wide"><figure><img alt="training curves" src="{_png_data_uri(png)}"></figure></div>' if png else ""
+    table = ('<table class="results"><thead><tr><th>method</th><th>updates</th>'
+             f'{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    image = (f'<div class="plots wide"><figure><img alt="training curves" src="{_png_data_uri(png)}"></figure></div>'
+             if png else "")
     return table + image
 
 
@@ -409,7 +415,8 @@ def headline_section(data: RunData) -> Section | None:
     per_seed = spec.episodes if isinstance(spec.episodes, int) else rows[0]["episodes"] // max(1, len(seeds))
     commands = [(a, eval_command(data.bench, spec, a, per_seed, seed=seeds[0])) for a in data.bench.agents]
     shown = commands[-1]
-    others = "".join(f"<p class=note>{html.escape(a.name)}:</p><pre class=command>{html.escape(c)}</pre>" for a, c in commands)
+    others = "".join(f"<p class=note>{html.escape(a.name)}:</p><pre class=command>{html.escape(c)}</pre>"
+                     for a, c in commands)
     more = (f" Run seed {seeds[0]} of {len(seeds)}: another run seed s plays the episodes of "
             f"<code>--seed</code> s &times; {per_seed}." if len(seeds) > 1 else "")
     parts.append(
@@ -427,11 +434,13 @@ def results_section(data: RunData) -> Section | None:
     if not data.results:
         return None
     headline = data.bench.headline if data.bench is not None else None
-    marked = (f' Rows marked <span class="mark">{html.escape(headline.label)}</span> are the {html.escape(headline.label)} '
-              "result shown first." if headline is not None else "")
-    note = ('<p class="note">Success rate with its 95% Wilson interval (the bar: the interval, the mark: the rate); invalid % '
-            "is the share of turns that were malformed or not admissible." + marked + " " + _inline_code(COUNTING_NOTE) + "</p>")
-    return Section("results", "Results", note + _results_html(data.results, headline) + _plots_html(data.plots, data.results))
+    marked = (f' Rows marked <span class="mark">{html.escape(headline.label)}</span> are the '
+              f'{html.escape(headline.label)} result shown first.' if headline is not None else "")
+    note = ('<p class="note">Success rate with its 95% Wilson interval (the bar: the interval, the mark: the rate); '
+            "invalid % is the share of turns that were malformed or not admissible."
+            + marked + " " + _inline_code(COUNTING_NOTE) + "</p>")
+    return Section("results", "Results",
+                   note + _results_html(data.results, headline) + _plots_html(data.plots, data.results))
 
 
 def training_section(data: RunData) -> Section | None:
@@ -506,7 +515,8 @@ def _viewer_note(data: RunData) -> str:
     bench = sum(1 for source, _ in data.viewer if source == "bench")
     parts = []
     if data.meta.get("bench_episodes"):
-        parts.append(f"{bench} of the bench's {data.meta['bench_episodes']} episodes (up to {data.meta.get('per_group', 4)} "
+        parts.append(f"{bench} of the bench's {data.meta['bench_episodes']} episodes (up to "
+                     f"{data.meta.get('per_group', 4)} "
                      "per agent, env and split, successes and failures alternately; episodes.jsonl holds them all)")
     trained = len(data.viewer) - bench
     if trained:

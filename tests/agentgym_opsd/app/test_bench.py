@@ -57,7 +57,8 @@ def _env() -> dict[str, str]:
 
 def _bench(config: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet", "--no-report"],
+        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet",
+         "--no-report"],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -105,7 +106,8 @@ def test_a_run_killed_mid_way_resumes_to_the_results_of_an_unbroken_run(tmp_path
     assert resumed.returncode == 0, err[-2000:]
     # It says what it found (a line torn by the kill is not an episode).
     found = re.search(r"^resuming: (\d+) of (\d+) episodes done$", out, re.MULTILINE)
-    assert found and int(found.group(2)) == PLANNED and played_before_kill - 1 <= int(found.group(1)) <= played_before_kill, out
+    assert found and int(found.group(2)) == PLANNED and played_before_kill - 1 <= int(
+        found.group(1)) <= played_before_kill, out
     unbroken = _bench(config, whole)
     out, err = unbroken.communicate(timeout=300)
     assert unbroken.returncode == 0, err[-2000:]
@@ -157,7 +159,8 @@ def test_bench_writes_tables_and_charts_that_match_the_episodes(tmp_path):
 
 
 def test_workers_and_in_process_runs_give_the_same_results(tmp_path):
-    base = {"agents": ["random"], "seeds": [0], "episodes": 10, "envs": ["benchtest/Tally-Large-v0", "example/GuessNumber-v0"]}
+    base = {"agents": ["random"], "seeds": [0], "episodes": 10,
+            "envs": ["benchtest/Tally-Large-v0", "example/GuessNumber-v0"]}
     a = run_bench(config_from_dict({**base, "workers": 0}), tmp_path / "a", progress=False, report=False)
     b = run_bench(config_from_dict({**base, "workers": 3}), tmp_path / "b", progress=False, report=False)
     assert a == b
@@ -165,7 +168,8 @@ def test_workers_and_in_process_runs_give_the_same_results(tmp_path):
 
 
 def test_errored_episodes_are_reported_and_played_again_on_resume(tmp_path, capsys):
-    plan = {"agents": ["expert"], "episodes": 4, "workers": 2, "envs": [{"id": "benchtest/Tally-Small-v0", "options": {"delay": 0.6}}]}
+    plan = {"agents": ["expert"], "episodes": 4, "workers": 2,
+            "envs": [{"id": "benchtest/Tally-Small-v0", "options": {"delay": 0.6}}]}
     results = run_bench(config_from_dict({**plan, "step_timeout": 0.2}), tmp_path, progress=False, report=False)
     [row] = results["results"]
     assert row["errors"] == 4 and row["success_rate"] == 0.0
@@ -192,7 +196,8 @@ def test_a_wrong_agent_is_refused_before_any_env_is_built_or_episode_played(tmp_
         out = tmp_path / "run"
         assert main(["bench", str(config), "--out", str(out), "--quiet"]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith(f"agentgym-opsd: error: {config}: agents: 'tiny': hf:{path}: {why}; give a local model folder"), err
+        assert err.startswith(
+            f"agentgym-opsd: error: {config}: agents: 'tiny': hf:{path}: {why}; give a local model folder"), err
         assert not (out / "episodes.jsonl").exists()
 
 
@@ -209,15 +214,18 @@ def test_config_errors_name_the_problem(tmp_path):
         'agents = ["expert"\n': "c.toml:1: invalid TOML",
         'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "benchtest/Tally-Small-v0" }\n':
             "headline: 'benchtest/Tally-Small-v0' is not among the envs",
-        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "example/GuessNumber-v0", split = "dev" }\n':
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "example/GuessNumber-v0", split = '
+        '"dev" }\n':
             "headline: example/GuessNumber-v0 is played on ['test'], not on 'dev'",
-        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "example/GuessNumber-v0", row = 1 }\n':
+        'agents = ["expert"]\nenvs = ["example/GuessNumber-v0"]\nheadline = { id = "example/GuessNumber-v0", '
+        'row = 1 }\n':
             "headline: give a table with id (and split, label, note)",
     }
     for text, message in cases.items():
         path = tmp_path / "c.toml"
         path.write_text(text)
-        with pytest.raises(ConfigError, match=".*" + message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(ConfigError, match=".*" + message.replace("[", r"\[").replace("]", r"\]").replace(
+            "(", r"\(").replace(")", r"\)")):
             load_config(path)
     path = tmp_path / "c.toml"
     path.write_text('agents = ["expert"]\nenvs = ["example/GuessNumbr-v0"]\n')
@@ -253,11 +261,13 @@ def test_cli_yaml_config_resume_guard_and_restart(tmp_path, capsys):
 
 def test_run_seeds_play_different_tasks_and_replays_count_once_in_the_interval(tmp_path):
     # 30 tasks, 5 episodes per seed: seed s plays tasks 5s .. 5s+4, all different.
-    config = config_from_dict({"agents": ["expert"], "seeds": [0, 1, 2], "episodes": 5, "envs": ["benchtest/Tally-Small-v0"]})
+    config = config_from_dict({"agents": ["expert"], "seeds": [0, 1, 2], "episodes": 5,
+                               "envs": ["benchtest/Tally-Small-v0"]})
     run_bench(config, tmp_path / "distinct", progress=False, report=False)
     episodes = load_episodes(tmp_path / "distinct" / "episodes.jsonl")
     assert len(episodes) == 15 and len({e.task_id for e in episodes}) == 15
-    assert {e.task_id for e in episodes if e.meta["bench_key"].endswith(", 1]")} == {f"tally-small-{i}" for i in range(5, 10)}
+    assert {e.task_id for e in episodes
+            if e.meta["bench_key"].endswith(", 1]")} == {f"tally-small-{i}" for i in range(5, 10)}
 
     # 4 tasks, 2 seeds x 4 episodes: every task is played twice; the deterministic expert plays it
     # the same way both times, so the interval counts 4 outcomes, not 8.
@@ -272,7 +282,8 @@ def test_run_seeds_play_different_tasks_and_replays_count_once_in_the_interval(t
     assert expert["success_ci95"] == pytest.approx(list(wilson_interval(4, 4)))
     assert expert["success_ci95"][0] < wilson_interval(8, 8)[0]  # wider than 8 plays would claim
     shown = rows["random"]
-    distinct = {(e.task_id, tuple(t.response for t in e.turns)) for e in load_episodes(tmp_path / "repeated" / "episodes.jsonl") if e.agent == "random"}
+    distinct = {(e.task_id, tuple(t.response for t in e.turns))
+                for e in load_episodes(tmp_path / "repeated" / "episodes.jsonl") if e.agent == "random"}
     assert shown["outcomes"] == len(distinct)
     results_md = (tmp_path / "repeated" / "results.md").read_text()
     assert "| small | test | expert | 8 (4 distinct) | 100.0 |" in results_md
@@ -282,15 +293,21 @@ def test_run_seeds_play_different_tasks_and_replays_count_once_in_the_interval(t
 @pytest.mark.parametrize(
     "options, message",
     [
-        ('{ catalogue = "x" }', "c.toml: envs[1]: options: benchtest/Tally-Small-v0 has no option 'catalogue'; its options: subset, tasks, delay"),
-        ('{ tasks = "many" }', "c.toml: envs[1]: options: benchtest/Tally-Small-v0: option tasks='many': tasks takes an integer"),
-        ('{ subset = "huge" }', "c.toml: envs: benchtest/Tally-Small-v0 (test): subset must be small or large, got 'huge' (options: subset='huge';"),
+        ('{ catalogue = "x" }',
+         "c.toml: envs[1]: options: benchtest/Tally-Small-v0 has no option 'catalogue'; its options: subset, "
+         "tasks, delay"),
+        ('{ tasks = "many" }',
+         "c.toml: envs[1]: options: benchtest/Tally-Small-v0: option tasks='many': tasks takes an integer"),
+        ('{ subset = "huge" }',
+         "c.toml: envs: benchtest/Tally-Small-v0 (test): subset must be small or large, got 'huge' (options: "
+         "subset='huge';"),
     ],
 )
 def test_a_bad_env_option_in_a_bench_config_is_one_line(tmp_path, options, message):
     config = tmp_path / "c.toml"
     config.write_text(f'agents = ["expert"]\n[[envs]]\nid = "benchtest/Tally-Small-v0"\noptions = {options}\n')
-    run = subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "bench", "c.toml", "--out", str(tmp_path / "out"), "--quiet"],
+    run = subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "bench", "c.toml", "--out",
+                          str(tmp_path / "out"), "--quiet"],
                          env=_env(), check=False, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 2
     err = run.stderr.strip()
@@ -304,9 +321,11 @@ def test_ctrl_c_stops_a_bench_quietly_and_says_how_to_resume(tmp_path):
                       "options = { delay = 0.05 }\n")
     out = tmp_path / "run"
     bench = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet", "--no-report"],
+        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet",
+         "--no-report"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 (a background shell may ignore SIGINT)
+        preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                         signal.SIG_DFL),  # noqa: PLW1509 (a background shell may ignore SIGINT)
     )
     try:
         deadline = time.monotonic() + 120

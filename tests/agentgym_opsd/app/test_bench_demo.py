@@ -51,9 +51,11 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     # Training: GRPO and StepOPSD from one warm start, on the Pick training games (not the held-out
     # ones); each trainer recorded the credit its updates used.
     for method in ("grpo", "stepopsd"):
-        trained_on = {e.task_id for f in (out / "training" / method / "episodes").glob("update_*.jsonl") for e in load_episodes(f)}
+        trained_on = {e.task_id for f in (out / "training" / method / "episodes").glob("update_*.jsonl")
+                      for e in load_episodes(f)}
         assert trained_on and all(t.startswith("train/") for t in trained_on)
-        held_out = {e.task_id for e in episodes if e.env_id.endswith("Pick-v0") and e.task_id.startswith("valid_unseen")}
+        held_out = {e.task_id for e in episodes if e.env_id.endswith("Pick-v0")
+                    and e.task_id.startswith("valid_unseen")}
         assert held_out and not trained_on & held_out
         rows = [json.loads(line) for line in (out / "training" / method / "metrics.jsonl").read_text().splitlines()]
         updates = {r["step"] for r in rows if r.get("kind") == "train"}
@@ -71,7 +73,8 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     for name in ("random", *policies):
         r = cells[(name, "pick", "valid_unseen")]
         assert f"{name} {round(r['success_rate'] * r['episodes'])}/{r['episodes']} (" in about
-    assert '<p class="about">A small run of the whole job' in page and "<code>python benchmarks/learning.py</code>" in page
+    assert '<p class="about">A small run of the whole job' in page
+    assert "<code>python benchmarks/learning.py</code>" in page
     # The training table and chart show the reward the update used beside the env's reward.
     assert "credit/reward_mean" in page and "train/reward" in page
     assert page.count("<h3>ALFWorld</h3>") == 1 and page.count("<h3>SearchQA</h3>") == 1
@@ -80,17 +83,20 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     assert re.findall(r'<section id="(\w+)">', main)[:3] == ["headline", "results", "training"]
     headline = main.split('<section id="results">')[0]
     assert "<h2>Held-out</h2>" in headline and '<img alt="headline"' in headline
-    assert page.count('<tr class=headline><td>pick <span class="mark">held-out</span></td><td>valid_unseen</td>') == 5  # its five rows among the others
+    # its five rows among the others
+    assert page.count('<tr class=headline><td>pick <span class="mark">held-out</span></td><td>valid_unseen</td>') == 5
     groups = chart_groups({"results": results})
     drawn = {f"{f}-{s}" for (f, s), rows in groups.items() if says_something(rows)}
     assert set(re.findall(r'<img alt="((?:ALFWorld|SearchQA)-\w+)"', page)) == drawn
     command = html.unescape(re.search(r'<pre class="command">(.*?)</pre>', headline, re.DOTALL).group(1))
     args = shlex.split(command)
-    assert args[:3] == ["agentgym-opsd", "eval", "agentgym/ALFWorld-Pick-v0"] and "stepopsd" in args[args.index("--agent") + 1]
+    assert args[:3] == ["agentgym-opsd", "eval",
+                        "agentgym/ALFWorld-Pick-v0"] and "stepopsd" in args[args.index("--agent") + 1]
     args[args.index("--out") + 1] = str(tmp_path / "replay")
     assert main_cli(args[1:]) == 0
     replayed = sorted(load_episodes(tmp_path / "replay" / "episodes.jsonl"), key=lambda e: e.seed)
-    played = sorted((e for e in episodes if json.loads(e.meta["bench_key"])[1:3] == ["agentgym/ALFWorld-Pick-v0", "valid_unseen"]
+    played = sorted((e for e in episodes
+                     if json.loads(e.meta["bench_key"])[1:3] == ["agentgym/ALFWorld-Pick-v0", "valid_unseen"]
                      and e.agent == "stepopsd"),
                     key=lambda e: json.loads(e.meta["bench_key"])[3])
     assert [(e.task_id, e.success, [t.action for t in e.turns]) for e in replayed] == \
@@ -98,11 +104,13 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     # The in-training evaluation says how many episodes a point is.
     assert f"eval/success: each point is {DemoSettings.quick().eval_episodes} greedy episode" in page
     assert "<td class=agent>grpo</td>" in page and "<td class=agent>stepopsd</td>" in page
-    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.DOTALL).group(1))
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page,
+                                re.DOTALL).group(1))
     trained = [e for e in data["episodes"] if e["source"] == "train:stepopsd"]
     assert trained and all(set(e["credit"]) == {"stepopsd"} for e in trained)
     timings = json.loads((out / "demo.json").read_text())["stage_seconds"]
-    assert list(timings) == ["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD", "benchmark", "report"]
+    assert list(timings) == ["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD",
+                             "benchmark", "report"]
 
 
 def test_the_held_out_rows_test_against_random_is_fishers_exact_test():

@@ -24,7 +24,8 @@ def run_cli(*args: str, input: str | None = None, columns: int | None = None) ->
     if columns is not None:
         env["COLUMNS"] = str(columns)
     exe = Path(sys.executable).with_name("agentgym-opsd")
-    return subprocess.run([str(exe), *args], check=False, capture_output=True, text=True, env=env, input=input, timeout=300)
+    return subprocess.run([str(exe), *args], check=False, capture_output=True, text=True, env=env, input=input,
+                          timeout=300)
 
 
 def test_list_fits_the_width_and_describes_a_plugin_registered_as_the_readme_shows() -> None:
@@ -35,11 +36,12 @@ def test_list_fits_the_width_and_describes_a_plugin_registered_as_the_readme_sho
         r = run_cli("list", columns=columns)
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
-        assert max(len(l) for l in lines) <= (columns or 100), max(lines, key=len)
-        def block(env_id: str, lines: list[str] = lines) -> str:  # the id's row and its wrapped lines (splits, description)
-            start = next(i for i, l in enumerate(lines) if l.startswith(env_id + " "))
+        assert max(len(line) for line in lines) <= (columns or 100), max(lines, key=len)
+        # the id's row and its wrapped lines (splits, description)
+        def block(env_id: str, lines: list[str] = lines) -> str:
+            start = next(i for i, line in enumerate(lines) if line.startswith(env_id + " "))
             end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
-            return " ".join(" ".join(l.split()) for l in lines[start:end])
+            return " ".join(" ".join(line.split()) for line in lines[start:end])
 
         assert block("example/GuessNumber-v0").startswith("example/GuessNumber-v0 Example guess test (20) "
                                                           "Find a hidden number in [1, high];")
@@ -49,19 +51,22 @@ def test_list_fits_the_width_and_describes_a_plugin_registered_as_the_readme_sho
 
 def test_eval_writes_episodes_and_summary(tmp_path, capsys) -> None:
     out = tmp_path / "run"
-    assert main(["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "7", "--seed", "2", "--out", str(out)]) == 0
+    assert main(["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "7", "--seed", "2", "--out",
+                 str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("env_id", "agent", "episodes", "success_rate", "mean_score", "mean_turns", "invalid_rate", "by_task_type"):
+    for key in ("env_id", "agent", "episodes", "success_rate", "mean_score", "mean_turns", "invalid_rate",
+                "by_task_type"):
         assert key in summary
     assert summary["episodes"] == 7 and summary["success_rate"] == 1.0 and summary["invalid_rate"] == 0.0
     assert summary["by_task_type"]["guess"]["episodes"] == 7
     lines = (out / "episodes.jsonl").read_text().splitlines()
-    assert sorted(json.loads(l)["seed"] for l in lines) == list(range(2, 9))
+    assert sorted(json.loads(line)["seed"] for line in lines) == list(range(2, 9))
 
     # --resume keeps the finished episodes and plays only the missing ones
     kept = lines[:3]
     (out / "episodes.jsonl").write_text("\n".join(kept) + "\n")
-    assert main(["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "7", "--seed", "2", "--out", str(out), "--resume"]) == 0
+    assert main(["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "7", "--seed", "2", "--out",
+                 str(out), "--resume"]) == 0
     again = (out / "episodes.jsonl").read_text().splitlines()
     assert again[:3] == kept and len(again) == 7
     assert "resuming: 3 of 7 episodes done\n" in capsys.readouterr().out
@@ -76,7 +81,8 @@ def test_eval_checks_the_agent_before_the_env_generates_its_games(tmp_path) -> N
     r = run_cli("eval", "agentgym/ALFWorld-Pick-v0", "--agent", f"hf:{tmp_path}/nope/model", *common)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == (f"agentgym-opsd: error: hf:{tmp_path}/nope/model: no such folder; give a local model "
-                                "folder (a Qwen2.5/Qwen3 download, or a trainer run's OUT/model) or a named model (smollm2-135m)")
+                                "folder (a Qwen2.5/Qwen3 download, or a trainer run's OUT/model) or a named model "
+                                "(smollm2-135m)")
     assert not cache.exists() or not any(cache.rglob("*.tw-pddl"))
     r = run_cli("eval", "agentgym/ALFWorld-Pick-v0", "--agent", "hf:x?temprature=0", *common)
     assert r.returncode == 2 and "unknown option(s) ['temprature']" in r.stderr
@@ -85,7 +91,8 @@ def test_eval_checks_the_agent_before_the_env_generates_its_games(tmp_path) -> N
 
 def test_random_agent_summary_counts_invalid_and_failures(tmp_path) -> None:
     out = tmp_path / "rand"
-    main(["eval", "example/GuessNumber-v0", "--agent", "random", "--episodes", "20", "--out", str(out), "--option", "max_turns=2"])
+    main(["eval", "example/GuessNumber-v0", "--agent", "random", "--episodes", "20", "--out", str(out), "--option",
+          "max_turns=2"])
     s = json.loads((out / "summary.json").read_text())
     assert 0.0 < s["success_rate"] < 0.5 and s["mean_turns"] <= 2.0
 
@@ -94,15 +101,18 @@ def test_random_agent_summary_counts_invalid_and_failures(tmp_path) -> None:
     "args, message",
     [
         (["eval", "nope/Missing-v0", "--agent", "expert", "--out", "x"], "no env registered as 'nope/Missing-v0'"),
-        (["eval", "example/GuessNumber-v0", "--agent", "wizard", "--episodes", "1", "--out", "{tmp}"], "unknown agent 'wizard'"),
-        (["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "0", "--out", "x"], "--episodes must be >= 1"),
+        (["eval", "example/GuessNumber-v0", "--agent", "wizard", "--episodes", "1", "--out", "{tmp}"],
+         "unknown agent 'wizard'"),
+        (["eval", "example/GuessNumber-v0", "--agent", "expert", "--episodes", "0", "--out", "x"],
+         "--episodes must be >= 1"),
         (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "colour=red"],
          "example/GuessNumber-v0 has no option 'colour'; its options: high, max_turns, allow_bare_action, render_mode"),
         (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "max_turns=abc"],
          "option max_turns='abc': max_turns takes an integer or null"),
         (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "max_turns=0"],
          "max_turns must be >= 1, got 0 (options: max_turns=0;"),
-        (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "noequals"], "KEY=VALUE"),
+        (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--option", "noequals"],
+         "KEY=VALUE"),
         (["eval", "example/GuessNumber-v0", "--agent", "expert", "--out", "{tmp}", "--context", "windows"], "window:K"),
         (["eval", "example/GuessNumber-v0"], "required: --agent, --out"),
         (["frobnicate"], "invalid choice"),
@@ -151,7 +161,8 @@ def test_parse_options_reads_json_values() -> None:
     with pytest.raises(UsageError):
         parse_options(["=3"])
     # format_option writes what parse_options reads back (the report's eval commands use it)
-    for value in ("small", "3", "true", "null", "NaN", " x ", "a=b", 'say "hi"', 3, 0.5, True, None, {"train": 200}, [1, 2]):
+    for value in ("small", "3", "true", "null", "NaN", " x ", "a=b", 'say "hi"', 3, 0.5, True, None, {"train": 200},
+                  [1, 2]):
         assert parse_options([format_option("key", value)]) == {"key": value}
     assert format_option("room", "small") == "room=small" and format_option("name", "3") == 'name="3"'
 
@@ -175,8 +186,10 @@ def test_list_options_shows_an_envs_keywords_with_defaults_and_meaning() -> None
     r = run_cli("list", "--options", "example/GuessNumber-v0")
     assert r.returncode == 0, r.stderr
     rows = _option_blocks(r.stdout)
-    assert set(rows) == {"high", "max_turns", "allow_bare_action", "render_mode", "turn_labels"} and rows["high"][0] == "20"
-    assert rows["max_turns"] == ("null (the env's own: 10)", "turns before the episode is truncated.")  # TextEnv's docstring
+    assert set(rows) == {"high", "max_turns", "allow_bare_action", "render_mode",
+                         "turn_labels"} and rows["high"][0] == "20"
+    # TextEnv's docstring
+    assert rows["max_turns"] == ("null (the env's own: 10)", "turns before the episode is truncated.")
     assert rows["high"][1].startswith("the largest number") and "`ansi`" in rows["render_mode"][1]
     r = run_cli("list", "--options", "example/GuesNumber-v0")
     assert r.returncode == 2 and "did you mean example/GuessNumber-v0" in r.stderr
@@ -187,10 +200,11 @@ def test_list_options_gives_every_option_its_own_whole_description() -> None:
     (the panel's seed, room and size) each get their own text: what `room=small` means is there."""
     r = run_cli("list", "--options", "agentgym/ALFWorld-Pick-v0", columns=90)
     assert r.returncode == 0, r.stderr
-    assert "…" not in r.stdout and max(len(l) for l in r.stdout.splitlines()) <= 90
+    assert "…" not in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 90
     rows = _option_blocks(r.stdout)
     assert {"panel_seed", "room", "panel_size", "progress", "render_mode", "split"} <= set(rows)
-    assert all(text and text != "(not documented)" and not text.lower().startswith("see `") for _, text in rows.values()), rows
+    assert all(text and text != "(not documented)" and not text.lower().startswith("see `")
+               for _, text in rows.values()), rows
     texts = [rows[n][1] for n in ("panel_seed", "room", "panel_size")]
     assert len(set(texts)) == 3
     assert "`small`" in rows["room"][1] and "at most 6 receptacles" in rows["room"][1]

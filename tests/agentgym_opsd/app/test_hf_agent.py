@@ -37,7 +37,8 @@ def threads():
 
 
 def _prompt(agent: HFPolicyAgent) -> list[int]:
-    return agent.prompt_ids([{"role": "system", "content": "Guess."}, {"role": "user", "content": "A number from 1 to 20."}])
+    return agent.prompt_ids([{"role": "system", "content": "Guess."},
+                             {"role": "user", "content": "A number from 1 to 20."}])
 
 
 def test_a_turn_ends_where_its_closing_text_is_written(tiny) -> None:
@@ -57,13 +58,15 @@ def test_a_turn_ends_where_its_closing_text_is_written(tiny) -> None:
 
 def test_the_turn_cap_is_the_envs_own_unless_the_agent_has_one(tiny) -> None:
     model, tok = tiny
-    envs = [SimpleNamespace(max_turn_tokens=3, action_tags=("action",)), SimpleNamespace(max_turn_tokens=7, action_tags=("action",))]
+    envs = [SimpleNamespace(max_turn_tokens=3, action_tags=("action",)),
+            SimpleNamespace(max_turn_tokens=7, action_tags=("action",))]
     infos = [{"step": SimpleNamespace(episode_id=f"e{i}", turn=0)} for i in range(2)]
     chat = [{"role": "system", "content": "Guess."}, {"role": "user", "content": "A number from 1 to 20."}]
     agent = HFPolicyAgent(model, tok, max_new_tokens=None, temperature=1.0, seed=0)
     agent.act_batch([chat, chat], infos, envs)
     lengths = {key: len(record.sampled_ids) for key, record in agent.samples.items()}
-    assert lengths[("e0", 0)] <= 3 and lengths[("e1", 0)] <= 7 and lengths[("e1", 0)] > 3  # a random tiny model rarely ends early
+    # a random tiny model rarely ends early
+    assert lengths[("e0", 0)] <= 3 and lengths[("e1", 0)] <= 7 and lengths[("e1", 0)] > 3
     assert agent.turn_cap(SimpleNamespace()) == 256  # an env without a cap: the contract's default
     assert HFPolicyAgent(model, tok, max_new_tokens=5).turn_cap(envs[1]) == 5  # the agent's own cap wins
     assert agentgym_opsd.make("example/GuessNumber-v0").unwrapped.max_turn_tokens == 256
@@ -81,7 +84,8 @@ def test_hf_spec_options_threads_stop_and_the_models_own_cap(tiny, tmp_path, thr
     assert agent.closing_tags(SimpleNamespace(action_tags=("search", "answer"))) == ("</search>", "</answer>")
     torch.set_num_threads(2)
     agent = make_agent(f"hf:{folder}?cpu_threads=0&stop=eot")
-    assert torch.get_num_threads() == 2 and not agent.stop_at_action_close and agent.closing_tags(SimpleNamespace(action_tags=("action",))) == ()
+    assert torch.get_num_threads() == 2 and not agent.stop_at_action_close and agent.closing_tags(
+        SimpleNamespace(action_tags=("action",))) == ()
     build_agent(f"hf:{folder}", cpu_threads=3)  # what `eval/bench --cpu-threads 3` do
     assert torch.get_num_threads() == 3
     assert pin_cpu_threads(model, 0) == 3

@@ -80,7 +80,8 @@ def test_openai_agent_plays_episodes_against_serve_policy(server, tiny_qwen3, al
     again = run_episodes(alfworld_env, agent, [EpisodeRequest(seed=s) for s in range(3)], num_envs=1, progress=False)
     assert [e.to_dict() for e in again] == [e.to_dict() for e in episodes]
     other = make_agent(f"openai:{server}#tiny?max_tokens={MAX_TOKENS}", seed=8)
-    assert run_episodes(alfworld_env, other, [EpisodeRequest(seed=0)], progress=False)[0].turns[0].response != episodes[0].turns[0].response
+    assert run_episodes(alfworld_env, other, [EpisodeRequest(seed=0)],
+                        progress=False)[0].turns[0].response != episodes[0].turns[0].response
 
 
 def test_serve_policy_answers_bad_requests_with_4xx(server):

@@ -27,9 +27,9 @@ def test_list_shows_the_alfworld_ids_with_sizes(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
 
     def block(env_id: str) -> str:  # the id's row and the lines it wraps onto (splits, description)
-        start = next(i for i, l in enumerate(lines) if l.startswith(env_id + " "))
+        start = next(i for i, line in enumerate(lines) if line.startswith(env_id + " "))
         end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
-        return " ".join(" ".join(l.split()) for l in lines[start:end])
+        return " ".join(" ".join(line.split()) for line in lines[start:end])
 
     assert "train (20), valid_seen (10), valid_unseen (10)" in block("agentgym/ALFWorld-Heat-v0")
     assert "train (120)" in block("agentgym/ALFWorld-All-v0")

@@ -221,7 +221,8 @@ def test_first_loads_and_grammar_parses_are_safe_under_threads(make_env, monkeyp
         obs, info = probe.reset(seed=seed)
         expected.append((obs, tuple(info["step"].admissible_actions)))
     probe.close()
-    for module, name in ((compiled_module, "_COMPILED"), (grammar_module, "_GRAMMARS"), (grammar_module, "_CONDITIONS")):
+    for module, name in ((compiled_module, "_COMPILED"), (grammar_module, "_GRAMMARS"),
+                         (grammar_module, "_CONDITIONS")):
         monkeypatch.setattr(module, name, type(getattr(module, name))())
 
     n_threads = 8

@@ -33,7 +33,8 @@ def action(turn: str) -> str:
 
 def test_intro_and_instructions(env) -> None:
     obs, info = env.reset(seed=0)
-    assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see ")
+    assert obs.startswith(
+        "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see ")
     assert re.search(r"\n\nYour task is to: [a-z].*\.$", obs)
     assert env.goal and env.goal in obs
     assert "<think>" in env.instructions and "<action>" in env.instructions and "50 turns" in env.instructions
@@ -235,9 +236,11 @@ def test_gym_ids_play_their_subset_in_every_split(name: str, panel_options: dict
 
 
 def test_random_and_expert_agents_through_the_rollout(make_env) -> None:
-    episodes = run_episodes(lambda: make_env(task_types="all"), ExpertAgent(), [EpisodeRequest(seed=s) for s in range(6)], num_envs=3)
+    episodes = run_episodes(lambda: make_env(task_types="all"), ExpertAgent(),
+                            [EpisodeRequest(seed=s) for s in range(6)], num_envs=3)
     assert all(e.success for e in episodes) and len({e.task_type for e in episodes}) == 6
-    episodes = run_episodes(lambda: make_env(task_types="heat", max_turns=8), RandomAgent(0), [EpisodeRequest(seed=s) for s in range(2)], num_envs=2)
+    episodes = run_episodes(lambda: make_env(task_types="heat", max_turns=8), RandomAgent(0),
+                            [EpisodeRequest(seed=s) for s in range(2)], num_envs=2)
     assert all(e.num_turns == 8 or e.success for e in episodes)
 
 

@@ -26,7 +26,15 @@ from environments.alfworld.generator import (
     mangle,
     scenes_for,
 )
-from environments.alfworld.panel import ALFWORLD_TRAIN_COUNTS, PanelSpec, _jobs, ensure_panel, mixed_counts, panel_dir, read_manifest
+from environments.alfworld.panel import (
+    ALFWORLD_TRAIN_COUNTS,
+    PanelSpec,
+    _jobs,
+    ensure_panel,
+    mixed_counts,
+    panel_dir,
+    read_manifest,
+)
 from environments.alfworld.paths import import_alfworld
 
 
@@ -165,10 +173,12 @@ def test_full_rooms_keep_every_receptacle_of_the_layout() -> None:
         problem = draft.problem.lower()
         missing = [r for r in _static_receptacle_ids(scene) if f"{r} - receptacle" not in problem]
         assert not missing, f"FloorPlan{scene}: {len(missing)} receptacles dropped"
-    capped = draft_game("train", "pick_and_place_simple", game_rng(0, "full-r20", "train", "pick_and_place_simple", 0, 0),
+    capped = draft_game("train", "pick_and_place_simple",
+                        game_rng(0, "full-r20", "train", "pick_and_place_simple", 0, 0),
                         room_settings("full", 20)[1], scenes=[big[0]])  # fmt: skip
     assert capped is not None
-    assert sum(1 for line in capped.problem.splitlines() if line.strip().endswith(" - receptacle") and "?" not in line) == 20
+    assert sum(1 for line in capped.problem.splitlines() if line.strip().endswith(" - receptacle")
+               and "?" not in line) == 20
 
 
 def test_lamps_stand_where_alfreds_scenes_put_them() -> None:
@@ -176,7 +186,8 @@ def test_lamps_stand_where_alfreds_scenes_put_them() -> None:
     holders = []
     for k in range(40):
         split = "valid_unseen" if k % 2 else "train"
-        draft = draft_game(split, "look_at_obj_in_light", game_rng(9, "full", split, "look_at_obj_in_light", k, 0), ROOMS["full"])
+        draft = draft_game(split, "look_at_obj_in_light", game_rng(9, "full", split, "look_at_obj_in_light", k, 0),
+                           ROOMS["full"])
         if draft is None:
             continue
         lamp = draft.params["toggle_target"]
@@ -193,7 +204,8 @@ def test_alfworld_mix_shares_each_split_out_as_alfworlds_training_set() -> None:
     counts = mixed_counts(120)
     assert sum(counts.values()) == 120
     assert counts == {"pick_and_place_simple": 27, "look_at_obj_in_light": 10, "pick_clean_then_place_in_recep": 22,
-                      "pick_heat_then_place_in_recep": 16, "pick_cool_then_place_in_recep": 18, "pick_two_obj_and_place": 27}  # fmt: skip
+                      "pick_heat_then_place_in_recep": 16, "pick_cool_then_place_in_recep": 18,
+                      "pick_two_obj_and_place": 27}  # fmt: skip
     for t, n in mixed_counts(3553).items():
         assert n == ALFWORLD_TRAIN_COUNTS[t]
     spec = PanelSpec.make(mix="alfworld")
@@ -221,7 +233,8 @@ def test_a_panel_of_some_types_holds_the_six_type_panels_games_of_those_types(tm
     pick = PanelSpec.make(seed=2, room="small", sizes=sizes, task_types=["pick_and_place_simple"])
     full = PanelSpec.make(seed=2, room="small", sizes=sizes)
     assert pick.name == full.name + "-only-pick"
-    assert len(_jobs(pick, ["train"], Path("/s"), Path("/c"))) == 3 and len(_jobs(full, ["train"], Path("/s"), Path("/c"))) == 18
+    assert len(_jobs(pick, ["train"], Path("/s"),
+                     Path("/c"))) == 3 and len(_jobs(full, ["train"], Path("/s"), Path("/c"))) == 18
     only = ensure_panel(pick, tmp_path, splits=("train",), progress=False) / "json_2.1.1"
     every = ensure_panel(full, tmp_path, splits=("train",), progress=False) / "json_2.1.1"
     assert read_manifest(only.parent, "train")["task_types"] == ["pick_and_place_simple"]

@@ -12,7 +12,6 @@ import tracemalloc
 from collections import OrderedDict
 from pathlib import Path
 
-import pytest
 
 from environments.alfworld import compiled as compiled_module
 from environments.alfworld import data as data_module
@@ -63,10 +62,12 @@ def test_bound_keeps_other_interned_objects_and_propositions_stay_equal(make_env
     commands = env.admissible_actions()[:3]
     before = [env.step(c)[0] for c in commands]
     monkeypatch.setattr(compiled_module, "_COMPILED", OrderedDict())
-    signatures = sum(1 for k in mementos.core._memento_cache if isinstance(k, tuple) and k and getattr(k[0], "__name__", "") == "Signature")
+    signatures = sum(1 for k in mementos.core._memento_cache if isinstance(k, tuple) and k
+                     and getattr(k[0], "__name__", "") == "Signature")
     forgotten = compiled_module.bound_interned_propositions(0)
     assert forgotten > 0 and interned_propositions() == 0
-    assert sum(1 for k in mementos.core._memento_cache if isinstance(k, tuple) and k and getattr(k[0], "__name__", "") == "Signature") == signatures
+    assert sum(1 for k in mementos.core._memento_cache if isinstance(k, tuple) and k
+               and getattr(k[0], "__name__", "") == "Signature") == signatures
     again, _ = env.reset(seed=1)
     assert again == first and [env.step(c)[0] for c in commands] == before
     env.close()

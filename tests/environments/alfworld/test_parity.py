@@ -82,7 +82,8 @@ def test_generated_games_match_textworld_pddl_env(make_env) -> None:
             terminated = False
             for k in range(30):
                 if k < 4:
-                    command = rng.choice(state["admissible_commands"]) if rng.random() < 0.85 else "cool the sun with fridge 1"
+                    command = rng.choice(
+                        state["admissible_commands"]) if rng.random() < 0.85 else "cool the sun with fridge 1"
                 else:
                     command = command_of(env.expert_action())
                 obs, _, terminated, _, info = env.step(command)
@@ -134,7 +135,8 @@ def play_handcoded_expert(tw, max_steps: int) -> tuple[bool, list[str]]:
     return False, actions
 
 
-def test_legacy_put_grammar_is_modernized_so_alfworlds_expert_wins(real_game: Path, tmp_path: Path, alfred_tw_env) -> None:
+def test_legacy_put_grammar_is_modernized_so_alfworlds_expert_wins(
+        real_game: Path, tmp_path: Path, alfred_tw_env) -> None:
     legacy_game = make_legacy_copy(real_game, tmp_path / "legacy")
     legacy = json.loads(legacy_game.read_text())
     assert "put {o} in/on {r}" in legacy["grammar"] and "(:action help" not in legacy["pddl_domain"]

@@ -12,7 +12,8 @@ from environments.alfworld.expert import TASK_TYPES
 
 def _games(counts: dict[str, int]) -> list[GameEntry]:
     """Games in task-id order, as `discover_games` gives them: each type's games in one block."""
-    return [GameEntry(f"train/{t}-{i:03d}/trial", Path("game.tw-pddl"), t) for t in sorted(counts) for i in range(counts[t])]
+    return [GameEntry(f"train/{t}-{i:03d}/trial", Path("game.tw-pddl"), t) for t in sorted(counts)
+            for i in range(counts[t])]
 
 
 def test_equal_types_are_a_round_robin_and_every_window_is_balanced() -> None:
@@ -30,7 +31,8 @@ def test_equal_types_are_a_round_robin_and_every_window_is_balanced() -> None:
 
 
 def test_a_skewed_mix_keeps_its_proportions_in_every_prefix() -> None:
-    counts = {"pick_and_place_simple": 79, "look_at_obj_in_light": 31, "pick_two_obj_and_place": 81, "pick_heat_then_place_in_recep": 46}
+    counts = {"pick_and_place_simple": 79, "look_at_obj_in_light": 31, "pick_two_obj_and_place": 81,
+              "pick_heat_then_place_in_recep": 46}
     games = interleave_task_types(_games(counts))
     total = sum(counts.values())
     for k in range(1, total + 1):

@@ -48,7 +48,8 @@ def test_search_then_answer(hotpot_env, retrieval_server) -> None:
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert info["retrieved_ids"] == [h.docid for h in expected] and info["step"].action_kind == "search"
 
-    obs, reward, terminated, truncated, info = hotpot_env.step(f"<think>Done.</think><answer> {example.answers[0].upper()}! </answer>")
+    obs, reward, terminated, truncated, info = hotpot_env.step(
+        f"<think>Done.</think><answer> {example.answers[0].upper()}! </answer>")
     assert (reward, terminated, truncated) == (1.0, True, False)
     assert info["em"] == 1.0 and info["f1"] == 1.0 and info["subem"] == 1.0
     hs = info["hindsight"]
@@ -97,7 +98,8 @@ def test_malformed_turns_are_invalid_steps(hotpot_env, turn: str, error: str) ->
 
 def test_state_key_tracks_what_was_found(retrieval_server, shared_data) -> None:
     kwargs = {"data_file": str(shared_data("qa", "nq_open_dev_part1.jsonl")), "server_url": retrieval_server.url}
-    a, b = agentgym_opsd.make("agentgym/SearchQA-NQ-v0", **kwargs), agentgym_opsd.make("agentgym/SearchQA-NQ-v0", **kwargs)
+    a, b = agentgym_opsd.make("agentgym/SearchQA-NQ-v0",
+                              **kwargs), agentgym_opsd.make("agentgym/SearchQA-NQ-v0", **kwargs)
     _, ia = a.reset(seed=5)
     _, ib = b.reset(seed=5)
     assert ia["step"].state_key == ib["step"].state_key
@@ -113,7 +115,8 @@ def test_state_key_tracks_what_was_found(retrieval_server, shared_data) -> None:
 
 
 def test_long_queries_are_cut_not_refused(retrieval_server, shared_data) -> None:
-    env = agentgym_opsd.make("agentgym/SearchQA-TriviaQA-v0", data_file=str(shared_data("qa", "triviaqa_sm_sub_part1.jsonl")),
+    env = agentgym_opsd.make("agentgym/SearchQA-TriviaQA-v0",
+                             data_file=str(shared_data("qa", "triviaqa_sm_sub_part1.jsonl")),
                              server_url=retrieval_server.url, max_query_chars=50)  # fmt: skip
     env.reset(seed=0)
     obs, _, _, _, info = env.step("<search>" + "onion vegetable " * 900 + "</search>")
@@ -144,7 +147,8 @@ def test_server_killed_mid_episode_then_restarted(wiki_index: Path, shared_data)
         env.step("<search>moon landing</search>")
         server.kill()
         t0 = time.perf_counter()
-        with pytest.raises(RetrievalServerDown, match=f"{server.url}.*agentgym-opsd serve-retrieval --index DIR --port {server.port}"):
+        with pytest.raises(RetrievalServerDown,
+                           match=f"{server.url}.*agentgym-opsd serve-retrieval --index DIR --port {server.port}"):
             env.step("<search>Apollo 17</search>")
         assert time.perf_counter() - t0 < 10, "the env must fail fast, not hang"
         server.start()  # same port
@@ -160,8 +164,9 @@ def test_server_killed_mid_episode_then_restarted(wiki_index: Path, shared_data)
 def test_rollout_records_a_dead_server_as_an_errored_episode(wiki_index: Path, shared_data) -> None:
     server = RetrievalServer(wiki_index).start()
     url = server.url
-    factory = lambda: agentgym_opsd.make("agentgym/SearchQA-NQ-v0", data_file=str(shared_data("qa", "nq_open_dev_part1.jsonl")),  # noqa: E731
-                                         server_url=url, check_server=False)  # fmt: skip
+    data_file = str(shared_data("qa", "nq_open_dev_part1.jsonl"))
+    factory = lambda: agentgym_opsd.make("agentgym/SearchQA-NQ-v0", data_file=data_file,  # noqa: E731
+                                         server_url=url, check_server=False)
     server.kill()
     episodes = run_episodes(factory, make_agent("searchqa-baseline"), [EpisodeRequest(seed=0)], num_envs=1)
     assert episodes[0].error and "agentgym-opsd serve-retrieval" in episodes[0].error

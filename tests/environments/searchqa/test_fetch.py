@@ -35,7 +35,8 @@ def mirror(tmp_path: Path, wiki18: Path) -> Path:
     (root / "nq").mkdir(parents=True)
     shutil.copy(NQ_TEST, root / "nq" / "test.jsonl")
     (root / "hotpotqa").mkdir()
-    (root / "hotpotqa" / "dev.jsonl").write_text('{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{"id": "b", "question": 7}\n')
+    (root / "hotpotqa" / "dev.jsonl").write_text(
+        '{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{"id": "b", "question": 7}\n')
     with open(wiki18, "rb") as src, gzip.open(root / "wiki-18.jsonl.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     return root

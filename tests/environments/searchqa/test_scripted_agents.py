@@ -14,11 +14,16 @@ from environments.searchqa.synthetic import ensure_synthetic_index
 @pytest.mark.parametrize(
     "question,title,passage,expected",
     [
-        ("When was Apollo 17 launched?", "Apollo 17", "Apollo 17 was the final mission. It launched on December 7, 1972 from Florida.", "1972"),
-        ("Who wrote Hamlet?", "Hamlet", "Hamlet is a tragedy. It was written by William Shakespeare around 1600.", "William Shakespeare"),
-        ("How many moons does Mars have?", "Mars", "Mars is the fourth planet. Mars has 2 small moons, Phobos and Deimos.", "2"),
-        ("What is the currency of Kelka?", "Kelka", "Kelka is a fictional country. Its capital is Yeleth. The currency of Kelka is the kelyel.", "kelyel"),
-        ("Which river flows through Ethush?", "Ethush", "Ethush is a city. The Quaushdun River flows through Ethush.", "Quaushdun River"),
+        ("When was Apollo 17 launched?", "Apollo 17",
+         "Apollo 17 was the final mission. It launched on December 7, 1972 from Florida.", "1972"),
+        ("Who wrote Hamlet?", "Hamlet", "Hamlet is a tragedy. It was written by William Shakespeare around 1600.",
+         "William Shakespeare"),
+        ("How many moons does Mars have?", "Mars",
+         "Mars is the fourth planet. Mars has 2 small moons, Phobos and Deimos.", "2"),
+        ("What is the currency of Kelka?", "Kelka",
+         "Kelka is a fictional country. Its capital is Yeleth. The currency of Kelka is the kelyel.", "kelyel"),
+        ("Which river flows through Ethush?", "Ethush", "Ethush is a city. The Quaushdun River flows through Ethush.",
+         "Quaushdun River"),
     ],
 )
 def test_candidate_answer(question: str, title: str, passage: str, expected: str) -> None:
@@ -40,7 +45,8 @@ def synthetic_factory(tmp_path_factory: pytest.TempPathFactory):
 
 def test_oracle_solves_everything_in_two_turns(synthetic_factory) -> None:
     n = synthetic_factory().unwrapped.num_tasks
-    episodes = run_episodes(synthetic_factory, make_agent("searchqa-oracle"), [EpisodeRequest(seed=s) for s in range(n)], num_envs=4)
+    episodes = run_episodes(synthetic_factory, make_agent("searchqa-oracle"),
+                            [EpisodeRequest(seed=s) for s in range(n)], num_envs=4)
     assert len(episodes) == n and not any(e.error for e in episodes)
     assert all(e.hindsight.success and e.num_turns == 2 and e.turns[-1].reward == 1.0 for e in episodes)
     assert all(e.turns[0].step.action_kind == "search" for e in episodes)
@@ -49,7 +55,8 @@ def test_oracle_solves_everything_in_two_turns(synthetic_factory) -> None:
 def test_baseline_answers_single_hop_from_the_top_passage(synthetic_factory) -> None:
     env = synthetic_factory()
     types = [e.question_type for e in env.unwrapped.examples]
-    episodes = run_episodes(synthetic_factory, make_agent("searchqa-baseline"), [EpisodeRequest(seed=s) for s in range(len(types))], num_envs=4)
+    episodes = run_episodes(synthetic_factory, make_agent("searchqa-baseline"),
+                            [EpisodeRequest(seed=s) for s in range(len(types))], num_envs=4)
     assert not any(e.error for e in episodes)
     single = [e.hindsight.success for e, t in zip(episodes, types, strict=True) if t == "single-hop"]
     two = [e.hindsight.success for e, t in zip(episodes, types, strict=True) if t == "two-hop"]

@@ -60,7 +60,8 @@ def test_two_hop_questions_need_two_passages() -> None:
         # question's subject and the answer.
         assert answer not in normalize_answer(passages[first]), q.question
         subject = normalize_answer(first)
-        assert not any(subject in normalize_answer(p) and answer in normalize_answer(p) for p in passages.values()), q.question
+        assert not any(subject in normalize_answer(p) and answer in normalize_answer(p)
+                       for p in passages.values()), q.question
 
 
 def test_the_index_is_cached_and_retrieves_the_supporting_passage(synthetic_index: Path) -> None:
@@ -69,7 +70,8 @@ def test_the_index_is_cached_and_retrieves_the_supporting_passage(synthetic_inde
     with BM25Searcher(synthetic_index) as searcher:
         assert searcher.num_docs == len(synthetic_corpus())
         results = searcher.batch_search([q.question for q in single], k=3, threads=2)
-    found = sum(any(split_title(h.contents)[0] == q.supporting[0]["title"] for h in hits) for q, hits in zip(single, results, strict=True))
+    found = sum(any(split_title(h.contents)[0] == q.supporting[0]["title"] for h in hits)
+                for q, hits in zip(single, results, strict=True))
     assert found >= 0.9 * len(single), f"{found}/{len(single)}"
 
 

@@ -45,7 +45,8 @@ def test_raw_records_are_processed_as_webshop_does():
         {"asin": "B0123456789", "name": "skipped: asin longer than 10"},
         {"asin": "B01", "name": "skipped: repeated asin"},
     ]
-    attributes = {"B01": {"attributes": ["cotton"], "instruction": "i want a shirt", "instruction_attributes": ["cotton"]}}
+    attributes = {"B01": {"attributes": ["cotton"], "instruction": "i want a shirt",
+                          "instruction_attributes": ["cotton"]}}
     catalog = Catalog.from_records("t", records, attributes=attributes)
     assert [p.asin for p in catalog.products] == ["B01"]
     p = catalog.products[0]
@@ -208,4 +209,5 @@ def test_attributes_page_of_a_product_with_an_empty_attribute_list(shared_data):
         assert products[asin].attributes == ()
         page = render(Session(page=SUB, asin=asin, sub_page="Attributes"), "buy it", products, show_attrs=True)
         assert "DUMMY_ATTR" not in page
-        assert page.endswith(" [SEP] ".join(t for t in (products[asin].category, products[asin].query, products[asin].product_category) if t))
+        assert page.endswith(" [SEP] ".join(t for t in (products[asin].category, products[asin].query,
+                                                        products[asin].product_category) if t))

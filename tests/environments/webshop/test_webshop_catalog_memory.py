@@ -128,7 +128,8 @@ def test_the_env_process_builds_no_index_itself(tmp_path: Path, monkeypatch) -> 
     path = tmp_path / "items_shuffle_30.json"
     write_items(path, 30)
     catalog = Catalog.from_files(path)
-    monkeypatch.setattr(retrieval_index.lucene, "build_index", lambda *a, **k: pytest.fail("indexed in the env's process"))
+    monkeypatch.setattr(retrieval_index.lucene, "build_index", lambda *a,
+                        **k: pytest.fail("indexed in the env's process"))
     search = search_module.ProductSearch(catalog, tmp_path / "index")
     target = catalog.products[7]
     assert search.search(target.title)[0] == target.asin

@@ -86,7 +86,8 @@ def test_search_results_item_subpages_and_buy(make_real):
     results = env.session.results
     assert 10 < len(results) <= SEARCH_RETURN_N and reward == 0 and not terminated
     page = fields(obs)
-    assert page[:5] == ["Instruction:", goal.instruction_text, "Back to Search", f"Page 1 (Total results: {len(results)})", "Next >"]
+    assert page[:5] == ["Instruction:", goal.instruction_text, "Back to Search",
+                        f"Page 1 (Total results: {len(results)})", "Next >"]
     assert page[5::3] == list(results[:10])  # ASIN, title, price for each product
     assert page[6] == env.world.catalog.by_asin[results[0]].title
     assert info["available_actions"]["clickables"] == ["back to search", "next >", *[a.lower() for a in results[:10]]]
@@ -105,7 +106,8 @@ def test_search_results_item_subpages_and_buy(make_real):
     expected_options = [t for group, values in product.options.items() for t in (group, *values)]
     assert page[4 : 4 + len(expected_options)] == expected_options
     assert page[4 + len(expected_options) :] == [
-        product.title, f"Price: {product.price_tag}", f"Rating: {product.rating}", "Description", "Features", "Reviews", "Buy Now",
+        product.title, f"Price: {product.price_tag}", f"Rating: {product.rating}", "Description", "Features", "Reviews",
+        "Buy Now",
     ]
     group, values = next(iter(product.options.items()))
     act(env, f"click[{values[-1]}]")
@@ -238,7 +240,8 @@ def test_splits_tasks_and_ids(make_real):
 def test_envs_share_one_world(make_real, real_dir, real_index):
     a, b = make_real(split="test"), make_real(split="train")
     assert a.world is b.world and a.world.search is b.world.search
-    c = WebShopEnv(catalog=real_dir / "items_shuffle_100.json", attributes=real_dir / "items_ins_v2_1000.json", index_dir=real_index)
+    c = WebShopEnv(catalog=real_dir / "items_shuffle_100.json", attributes=real_dir / "items_ins_v2_1000.json",
+                   index_dir=real_index)
     assert c.world.catalog.products == a.world.catalog.products  # another spelling of the same files
 
 

@@ -125,14 +125,18 @@ def test_type_reward_title_score_below_a_tenth_is_a_tenth_even_with_matches():
 
 
 def test_type_reward_category_match_needs_two_shared_levels():
-    two = type_reward(product("Green Tea Sampler", query="tea", path="Grocery › Beverages › Coffee"), goal(name="Organic Green Tea Bags Box Set"))
-    one = type_reward(product("Green Tea Sampler", query="tea", path="Grocery › Snacks"), goal(name="Organic Green Tea Bags Box Set"))
+    two = type_reward(product("Green Tea Sampler", query="tea", path="Grocery › Beverages › Coffee"),
+                      goal(name="Organic Green Tea Bags Box Set"))
+    one = type_reward(product("Green Tea Sampler", query="tea", path="Grocery › Snacks"),
+                      goal(name="Organic Green Tea Bags Box Set"))
     # Nouns shared: green, tea out of organic, green, tea, bags, box, set -> 2/6 > 0.2 either way.
     assert two["category_match"] and not one["category_match"]
     assert two["r_type"] == one["r_type"] == 1.0
     # Without the title signal, the category decides between 1 and 0.5: 1 shared noun of 6.
-    weak_two = type_reward(product("Tea Sampler", query="tea", path="Grocery › Beverages › Coffee"), goal(name="Organic Green Tea Bags Box Set"))
-    weak_one = type_reward(product("Tea Sampler", query="tea", path="Grocery › Snacks"), goal(name="Organic Green Tea Bags Box Set"))
+    weak_two = type_reward(product("Tea Sampler", query="tea", path="Grocery › Beverages › Coffee"),
+                           goal(name="Organic Green Tea Bags Box Set"))
+    weak_one = type_reward(product("Tea Sampler", query="tea", path="Grocery › Snacks"),
+                           goal(name="Organic Green Tea Bags Box Set"))
     assert (weak_two["r_type"], weak_one["r_type"]) == (1.0, 0.5)
 
 
@@ -221,7 +225,8 @@ def test_builtin_tagger_agrees_with_spacys_model_on_webshop_titles(shared_data):
 
 
 def test_attribute_reward_fuzzy_match_on_product_attributes():
-    r, n, matched = attribute_reward(product(attributes=("Caffeine-Free", "gluten free")), goal(attributes=("caffeine free", "vegan")))
+    r, n, matched = attribute_reward(product(attributes=("Caffeine-Free", "gluten free")),
+                                     goal(attributes=("caffeine free", "vegan")))
     assert (r, n, matched) == (0.5, 1, ["caffeine free"])
 
 
@@ -234,7 +239,8 @@ def test_attribute_reward_falls_back_to_title_features_description():
 
 
 def test_attribute_reward_subset_tokens_count_as_a_match():
-    r, _, _ = attribute_reward(product(attributes=("long lasting wear",), title="Lipstick"), goal(attributes=("long lasting",)))
+    r, _, _ = attribute_reward(product(attributes=("long lasting wear",), title="Lipstick"),
+                               goal(attributes=("long lasting",)))
     assert r == 1.0
 
 
@@ -294,8 +300,10 @@ def test_total_reward_is_scaled_by_r_type_and_perfect_purchase_is_one():
     over = webshop_reward(p, g, price=25.0, chosen_options={"size": "20 count"})
     assert over.reward == pytest.approx(3 / 4) and over.r_price is False
     # The same attributes and options on a product of another type (half type reward).
-    other = product("Herbal Tea Kettle Infuser", query="kettles", path="Home › Kitchen", options={"size": ("20 count",)})
-    g2 = goal(name="Organic Green Tea Bags Box Set", attributes=("organic", "caffeine free"), options={"size": "20 count"})
+    other = product("Herbal Tea Kettle Infuser", query="kettles", path="Home › Kitchen",
+                    options={"size": ("20 count",)})
+    g2 = goal(name="Organic Green Tea Bags Box Set", attributes=("organic", "caffeine free"),
+              options={"size": "20 count"})
     b = webshop_reward(other, g2, price=10.0, chosen_options={"size": "20 count"})
     assert b.r_type == 0.5  # tea: 1 shared noun of 6
     assert b.reward == pytest.approx(0.5 * (2 + 1 + 1) / 4)

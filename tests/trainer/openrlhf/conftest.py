@@ -42,7 +42,8 @@ def install_stand_ins() -> list[str]:
     missing = [name for name in ("flash_attn", "vllm") if importlib.util.find_spec(name) is None]
     if missing:
         sys.path.insert(0, str(STAND_INS))
-        paths = [str(STAND_INS), str(EXAMPLE_PLUGIN)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        paths = [str(STAND_INS), str(EXAMPLE_PLUGIN)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                         if p]
         os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     return missing
 
@@ -82,8 +83,8 @@ def warm_start_on_guesses(model, tokenizer, env_id: str, guesses=(3, 7), steps: 
     """A few supervised steps so the tiny policy writes `<action>guess K</action>` turns, K in `guesses`.
 
     The loss is taken on the response tokens only (the 151k-way output layer runs on those rows
-    alone, which keeps a step cheap). Sampled at temperature 1 the policy then opens with one of `guesses` and drifts on later
-    turns, so groups mix successes, failures and invalid turns.
+    alone, which keeps a step cheap). Sampled at temperature 1 the policy then opens with one of `guesses` and
+    drifts on later turns, so groups mix successes, failures and invalid turns.
     """
     import torch
 
@@ -172,7 +173,8 @@ def make_actor_group(model_path):
             self.actor = load_actor(pretrain, temperature)
             self.calls = 0
 
-        def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None, mm_train_inputs_list=None):
+        def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None,
+                    mm_train_inputs_list=None):
             self.calls += 1
             self.actor.eval()
             with torch.no_grad():

@@ -37,7 +37,8 @@ def test_alfworld_group_through_executor_and_teacher(guess_policy, qwen3_tokeniz
     model, path = guess_policy
     rows = prompt_rows(ENV_ID, [0, 1], alfworld_kwargs, progress=False)
     assert "Your task is to:" in rows[0]["prompt"][1]["content"] and rows[0]["datasource"] == "ALFWorld/pick"
-    bridge = BridgeConfig.from_dict({"rollout": {"turn_max_tokens": 12, "max_turns": 3}, "credit": {"method": "stepopsd"}})
+    bridge = BridgeConfig.from_dict({"rollout": {"turn_max_tokens": 12, "max_turns": 3},
+                                     "credit": {"method": "stepopsd"}})
     executor = AgentExecutor(bridge)
     engine = HFAsyncEngine(model, qwen3_tokenizer, seed=11)
     params = SamplingParams(temperature=1.0, max_tokens=None, min_tokens=1, skip_special_tokens=False)

@@ -23,7 +23,8 @@ def test_config_file_round_trip_through_the_environment(tmp_path, monkeypatch):
     assert again == config
     credit = again.credit_config("agentgym/ALFWorld-All-v0")
     # Family defaults (ALFWorld: action_only spans), then the file's fields, and the live teacher.
-    assert (credit.method, credit.span_mode, credit.lam_mix, credit.invalid_coef) == ("stepopsd", "action_only", 0.1, 0.05)
+    assert (credit.method, credit.span_mode, credit.lam_mix,
+            credit.invalid_coef) == ("stepopsd", "action_only", 0.1, 0.05)
     assert credit.teacher_mode == "live"
     assert again.credit_config("agentgym/SearchQA-NQ-v0").span_mode == "clean_step"
 
@@ -60,7 +61,8 @@ def test_bad_credit_sections_fail_when_resolved():
 
 def test_one_family_per_batch_unless_the_config_names_it():
     config = BridgeConfig()
-    assert config.batch_env_id(["agentgym/ALFWorld-Heat-v0", "agentgym/ALFWorld-Cool-v0"]) == "agentgym/ALFWorld-Cool-v0"
+    assert config.batch_env_id(["agentgym/ALFWorld-Heat-v0",
+                                "agentgym/ALFWorld-Cool-v0"]) == "agentgym/ALFWorld-Cool-v0"
     with pytest.raises(ConfigError, match="mixes env families"):
         config.batch_env_id(["agentgym/ALFWorld-Heat-v0", "agentgym/WebShop-v0"])
     named = BridgeConfig.from_dict({"credit": {"env": "agentgym/WebShop-v0"}})

@@ -105,7 +105,8 @@ def test_turn_ids_and_action_spans_match_the_generated_tokens(group_results, qwe
             turns = r["agentgym"]["record"]["episode"]["turns"]
             assert len(turn_ids) == len(tokens)
             assert len(r["action_ranges"]) == len(turns) == len(r["agentgym"]["action_spans"])
-            for k, ((start, end), span, turn) in enumerate(zip(r["action_ranges"], r["agentgym"]["action_spans"], turns)):
+            for k, ((start, end), span,
+                    turn) in enumerate(zip(r["action_ranges"], r["agentgym"]["action_spans"], turns)):
                 # Explicit turn ids: exactly the generated range of turn k.
                 assert [i for i, t in enumerate(turn_ids) if t == k] == list(range(start, end))
                 generated = tok.decode(tokens[start:end], skip_special_tokens=True)
@@ -140,7 +141,8 @@ def test_context_budget_ends_the_episode_without_overflow(guess_policy, qwen3_to
         prompt_len = r["action_ranges"][0][0]
     # A first prompt that does not fit is an errored sample (reward 0), not an exception that ends the run.
     for r in play_group(executor, engine, qwen3_tokenizer, label, max_len=prompt_len):
-        assert r["agentgym"]["record"]["errored"] and "raise --data.max_len" in r["agentgym"]["record"]["episode"]["error"]
+        assert r["agentgym"]["record"]["errored"] and "raise --data.max_len" in r["agentgym"]["record"]["episode"][
+            "error"]
 
 
 def test_bad_labels_are_clear_errors(guess_policy, qwen3_tokenizer, monkeypatch):

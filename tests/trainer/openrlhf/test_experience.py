@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -23,12 +24,11 @@ pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU k
 
 pytest.importorskip("openrlhf.utils", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
-import socket
-
-from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
-from trainer.openrlhf.config import BridgeConfig, TaskLabel
-from trainer.openrlhf.hf_engine import Completion, HFAsyncEngine, RequestOutput
-from trainer.openrlhf.launch import complete_flags, parse_openrlhf_flags
+# Imported after the importorskip above (E402): the bridge modules import OpenRLHF.
+from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env  # noqa: E402
+from trainer.openrlhf.config import BridgeConfig, TaskLabel  # noqa: E402
+from trainer.openrlhf.hf_engine import Completion, HFAsyncEngine, RequestOutput  # noqa: E402
+from trainer.openrlhf.launch import complete_flags, parse_openrlhf_flags  # noqa: E402
 
 GROUP = 8
 SEEDS = (2, 6)  # secrets 3 and 7: the warm-started policy opens with 3 or 7, so groups mix outcomes
@@ -72,11 +72,13 @@ def rollout(guess_policy, qwen3_tokenizer, example_env_id, policy_group):
     bridge = BridgeConfig.from_dict({"rollout": {"turn_max_tokens": 12, "max_turns": 3}})
     executor = AgentExecutor(bridge)
     engine = HFAsyncEngine(model, qwen3_tokenizer, seed=3)
-    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=None, min_tokens=1, skip_special_tokens=False)
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=None, min_tokens=1,
+                            skip_special_tokens=False)
 
     async def play():
         jobs = [
-            executor.execute("prompt", TaskLabel(example_env_id, seed).to_json(), params, MAX_LEN, qwen3_tokenizer, engine)
+            executor.execute("prompt", TaskLabel(example_env_id, seed).to_json(), params, MAX_LEN, qwen3_tokenizer,
+                             engine)
             for seed in SEEDS
             for _ in range(GROUP)
         ]
@@ -185,7 +187,8 @@ def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_t
     assert logs["credit/delta_std"] > 0, "privileged context must move some teacher log-probs"
 
     # The credit core's own teacher scorer, on the same weights, sees the same log-probs.
-    config = credit_config("example/GuessNumber-v0", method, teacher_mode="live", **{k: v for k, v in credit.items() if k != "method"})
+    config = credit_config("example/GuessNumber-v0", method, teacher_mode="live",
+                           **{k: v for k, v in credit.items() if k != "method"})
     samples = copy.deepcopy(rollout.samples)
     stock = grpo_maker.make_experience(grpo_maker.split_rollout_samples(samples))
     batch = rollout_token_rows(stock, GROUP, qwen3_tokenizer, config, TURN_KEY, ACTION_KEY, RECORD_KEY)
@@ -194,7 +197,8 @@ def test_teacher_methods_score_on_the_actor_group(method, made, rollout, qwen3_t
     assert scores.truncated == 0 and int(scores.scored.sum()) == logs["credit/scored_tokens"]
     # Same weights, same sequences: the actor group's teacher log-probs are the local scorer's up to
     # the kernels' summation order (a 151k-way softmax), so the advantages agree closely.
-    expected, _ = compute_advantages(batch.rows.credit_batch(batch.student_logprobs, scores.logprobs, scores.scored), config, 0)
+    expected, _ = compute_advantages(batch.rows.credit_batch(batch.student_logprobs, scores.logprobs, scores.scored),
+                                     config, 0)
     for e, (start, end) in zip(experiences, batch.slices):
         n = e.action_mask.shape[1]
         assert torch.allclose(e.advantages, expected[start:end, 1 : n + 1] * e.action_mask, rtol=2e-3, atol=2e-3)
@@ -323,7 +327,8 @@ class ScriptedEngine:
     """Always writes the same turn (a stand-in for vLLM's async generate, which needs a GPU)."""
 
     def __init__(self, tokenizer, text: str) -> None:
-        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        self.ids = tokenizer(text,
+                             add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
     async def generate(self, prompt_token_ids, sampling_params):
         return RequestOutput(list(prompt_token_ids), [Completion(list(self.ids), "", "stop")])
@@ -332,12 +337,14 @@ class ScriptedEngine:
 def params():
     from vllm import SamplingParams
 
-    return SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=None, min_tokens=1, skip_special_tokens=False)
+    return SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=None, min_tokens=1,
+                          skip_special_tokens=False)
 
 
 def play(executor, engine, tokenizer, labels, max_len=MAX_LEN):
     async def run():
-        return await asyncio.gather(*[executor.execute("prompt", label, params(), max_len, tokenizer, engine) for label in labels])
+        return await asyncio.gather(*[executor.execute("prompt", label, params(), max_len, tokenizer, engine)
+                                      for label in labels])
 
     return asyncio.run(run())
 
@@ -414,7 +421,8 @@ def test_errored_samples_get_no_credit_and_do_not_move_their_group(rollout, qwen
     expected = (R - R.mean()) / (R.std() + 1e-6)
     for i, value in zip(played, expected.tolist(), strict=True):
         advantages, mask = rows[i]
-        assert torch.allclose(advantages[mask].double(), torch.full((int(mask.sum()),), value, dtype=torch.float64), atol=1e-5)
+        assert torch.allclose(advantages[mask].double(), torch.full((int(mask.sum()),), value, dtype=torch.float64),
+                              atol=1e-5)
     assert len(rows) == GROUP * len(SEEDS)
 
     with pytest.raises(RuntimeError, match="every episode of this batch failed.*simulator crashed"):

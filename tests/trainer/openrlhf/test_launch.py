@@ -19,7 +19,8 @@ from trainer.openrlhf.presets import FAMILIES, MODELS, preset
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_paper_presets_pass_openrlhfs_parser_and_checks(family, model):
-    sections, flags = preset(family, model, "stepopsd", prompts="train.jsonl", eval_prompts="eval.jsonl", prompt_rows=120)
+    sections, flags = preset(family, model, "stepopsd", prompts="train.jsonl", eval_prompts="eval.jsonl",
+                             prompt_rows=120)
     out = io.StringIO()
     args = launch(BridgeConfig.from_dict(sections), flags, dry_run=True, out=out)
     f = FAMILIES[family]
@@ -43,7 +44,8 @@ def test_paper_presets_pass_openrlhfs_parser_and_checks(family, model):
 def test_flags_after_the_preset_win_and_bad_ones_are_refused():
     sections, flags = preset("alfworld", "qwen3-1.7b", "agentopsd", prompts="train.jsonl")
     config = BridgeConfig.from_dict(sections)
-    args = launch(config, flags + ["--rollout.batch_size", "4", "--train.batch_size", "32"], dry_run=True, out=io.StringIO())
+    args = launch(config, flags + ["--rollout.batch_size", "4", "--train.batch_size", "32"], dry_run=True,
+                  out=io.StringIO())
     assert (args.rollout.batch_size, args.train.batch_size) == (4, 32)
     assert sections["rollout"]["chat_template_kwargs"] == {"enable_thinking": False}
     with pytest.raises(LaunchError, match="group_norm"):
@@ -83,7 +85,8 @@ def test_the_agent_module_resolves_from_a_ray_worker_in_the_shipped_working_dir(
 
     env = code_runtime_env(tmp_path / "workdir")
     assert (tmp_path / "workdir" / AGENT_LOADER).is_file()
-    assert sorted(p.rsplit("/", 1)[1] for p in env["py_modules"]) == ["agentgym_opsd", "environments", "retrieval_index", "trainer"]
+    assert sorted(p.rsplit("/", 1)[1]
+                  for p in env["py_modules"]) == ["agentgym_opsd", "environments", "retrieval_index", "trainer"]
     script = textwrap.dedent(f"""
         import json, os, ray
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env={env!r})
@@ -98,7 +101,8 @@ def test_the_agent_module_resolves_from_a_ray_worker_in_the_shipped_working_dir(
         print(json.dumps(ray.get(load.remote())))
         ray.shutdown()
     """)
-    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     cwd, module, trainer_file = json.loads(done.stdout.strip().splitlines()[-1])
     repo = str(Path(__file__).resolve().parents[3])
@@ -175,7 +179,8 @@ def test_launch_script_dry_run(tmp_path):
     env = dict(os.environ, DRY_RUN="1", OUT=str(tmp_path / "run"), TRAIN_SEEDS="0:3", EVAL_SEEDS="0:2", GPUS="4",
                PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     done = subprocess.run(
-        ["bash", str(repo / "scripts/openrlhf/train.sh"), "webshop", "qwen3-1.7b", "agentopsd", "--", "--train.seed", "7"],
+        ["bash", str(repo / "scripts/openrlhf/train.sh"), "webshop", "qwen3-1.7b", "agentopsd", "--", "--train.seed",
+         "7"],
         cwd=tmp_path, env=env, check=False, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU k
 
 pytest.importorskip("openrlhf.utils", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
-from trainer.openrlhf.config import ENV_VAR, BridgeConfig
-from trainer.openrlhf.launch import AGENT_FUNC_PATH, complete_flags, parse_openrlhf_flags
+# Imported after the importorskip above (E402): the bridge modules import OpenRLHF.
+from trainer.openrlhf.config import ENV_VAR, BridgeConfig  # noqa: E402
+from trainer.openrlhf.launch import AGENT_FUNC_PATH, complete_flags, parse_openrlhf_flags  # noqa: E402
 
 GROUP = 4
 PROMPT_SEEDS = "2,6,0"  # secrets 3, 7 (the warm-started policy opens with 3 or 7) and 1
@@ -70,7 +71,8 @@ def test_openrlhf_trainer_with_the_bridge_makes_credit_experience(guess_policy, 
     _, model_path = guess_policy
     prompts = tmp_path / "train.jsonl"
     assert cli_main(["openrlhf-prompts", "--env", example_env_id, "--seeds", PROMPT_SEEDS, "--out", str(prompts)]) == 0
-    bridge = BridgeConfig.from_dict({"rollout": {"turn_max_tokens": 12, "max_turns": 3}, "credit": {"method": "agentopsd"}})
+    bridge = BridgeConfig.from_dict({"rollout": {"turn_max_tokens": 12, "max_turns": 3},
+                                     "credit": {"method": "agentopsd"}})
     args = parse_openrlhf_flags(complete_flags([
         "--actor.model_name_or_path", str(model_path), "--data.prompt_dataset", str(prompts),
         "--rollout.n_samples_per_prompt", str(GROUP), "--rollout.batch_size", "3", "--rollout.micro_batch_size", "4",

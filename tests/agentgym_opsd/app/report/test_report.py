@@ -62,7 +62,8 @@ def run_dir(tmp_path_factory) -> Path:
     """A bench run (Tally, expert and random) plus a training folder whose episodes carry credit:
     StepOPSD token weights in Episode.meta, AgentOPSD beliefs in a credit.jsonl."""
     run = tmp_path_factory.mktemp("report") / "run"
-    config = config_from_dict({"name": "report-test", "agents": ["expert", "random"], "episodes": 6, "envs": [{"family": "Tally"}]})
+    config = config_from_dict({"name": "report-test", "agents": ["expert", "random"], "episodes": 6,
+                               "envs": [{"family": "Tally"}]})
     run_bench(config, run, progress=False, report=False)
     episodes = [e for e in load_episodes(run / "episodes.jsonl") if e.agent == "random" and e.num_turns >= 3][:4]
     assert len(episodes) >= 2
@@ -79,7 +80,8 @@ def run_dir(tmp_path_factory) -> Path:
             tokens.append(list(zip(pieces, _stepopsd(advantage, deltas), deltas, strict=True)))
             gaps.append(sum(deltas))
         episode.meta["credit"] = {
-            "stepopsd": credit_record(advantage=advantage, turns=episode.num_turns, gap=gaps, spans=spans, tokens=tokens, update=n)
+            "stepopsd": credit_record(advantage=advantage, turns=episode.num_turns, gap=gaps, spans=spans,
+                                      tokens=tokens, update=n)
         }
         belief, beliefs, deltas_b = 0.5, [], []
         for g in gaps:
@@ -91,14 +93,16 @@ def run_dir(tmp_path_factory) -> Path:
             {
                 "episode_id": episode.episode_id,
                 "method": "agentopsd",
-                **credit_record(advantage=advantage, turns=episode.num_turns, gap=gaps, belief=beliefs, belief_delta=deltas_b, weight=[1 + 0.1 * d for d in deltas_b]),
+                **credit_record(advantage=advantage, turns=episode.num_turns, gap=gaps, belief=beliefs,
+                                belief_delta=deltas_b, weight=[1 + 0.1 * d for d in deltas_b]),
             }
         )
     method_dir = run / "training" / "stepopsd"
     save_episodes(method_dir / "episodes.jsonl", episodes)
     append_jsonl(method_dir / "credit.jsonl", records)
     for method, slope in (("grpo", 0.03), ("stepopsd", 0.05)):
-        append_jsonl(run / "training" / method / "metrics.jsonl", [{"update": u, "success_rate": 0.3 + slope * u, "loss": 1.0 / (u + 1)} for u in range(6)])
+        append_jsonl(run / "training" / method / "metrics.jsonl",
+                     [{"update": u, "success_rate": 0.3 + slope * u, "loss": 1.0 / (u + 1)} for u in range(6)])
     write_report(run)
     return run
 
@@ -155,7 +159,8 @@ def test_episode_links_are_unique_and_the_viewer_says_what_it_shows(run_dir):
     keys = [e["key"] for e in episodes]
     assert len(set(keys)) == len(keys)
     # The expert and the random agent play the same episode ids; their links differ.
-    shared = {e["id"] for e in episodes if e["agent"] == "expert"} & {e["id"] for e in episodes if e["agent"] == "random"}
+    shared = {e["id"] for e in episodes
+              if e["agent"] == "expert"} & {e["id"] for e in episodes if e["agent"] == "random"}
     assert shared
     same = [e for e in episodes if e["id"] == next(iter(shared)) and e["source"] == "bench"]
     assert len({e["key"] for e in same}) == len(same) == 2
@@ -170,7 +175,8 @@ def _chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.skip("needs a headless Chromium (Debian: apt-get update && apt-get install -y chromium; .ci/run installs it)")
+    pytest.skip(
+        "needs a headless Chromium (Debian: apt-get update && apt-get install -y chromium; .ci/run installs it)")
 
 
 def test_report_renders_in_headless_chromium(run_dir, tmp_path):
@@ -178,7 +184,8 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     page = run_dir / "report.html"
     profile = tmp_path / "profile"
     common = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,2400"]
-    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], check=False, capture_output=True, text=True, timeout=120)
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], check=False, capture_output=True, text=True,
+                         timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
     # The viewer ran: it opened an episode with credit and drew the heat map over its action tokens.
@@ -212,7 +219,8 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     assert '<span class="tag">random</span>' in head and target["task"] in head
     assert "pwned" not in html.split("<main>")[0]  # the title was not rewritten by env text
     shot = tmp_path / "report.png"
-    result = subprocess.run([*common, f"--screenshot={shot}", page.as_uri()], check=False, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([*common, f"--screenshot={shot}", page.as_uri()], check=False, capture_output=True,
+                            text=True, timeout=120)
     assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -257,10 +265,12 @@ def test_the_headline_comes_first_and_large_and_its_rows_are_marked(headline_run
     main = page.split("<main>")[1]
     assert re.findall(r'<section id="(\w+)">', main)[:2] == ["headline", "results"]
     headline = main.split('<section id="results">')[0]
-    assert '<div class="plots wide"><figure><img alt="headline"' in headline and "<code>large</code> targets" in headline
+    assert '<div class="plots wide"><figure><img alt="headline"' in headline
+    assert "<code>large</code> targets" in headline
     results = json.loads((headline_run / "results.json").read_text())["results"]
     for r in results:
-        row = f"<td class=agent>{html.escape(r['agent'])}</td><td class=num>6</td><td class=num><b>{100 * r['success_rate']:.1f}</b>"
+        row = (f"<td class=agent>{html.escape(r['agent'])}</td><td class=num>6</td><td "
+               f"class=num><b>{100 * r['success_rate']:.1f}</b>")
         in_headline = r["env_id"] == "benchtest/Tally-Large-v0"
         assert (f"<tr><td>{r['subset']}</td><td>test</td>{row}" in headline) == in_headline
         # marked among the results table's rows
@@ -276,7 +286,8 @@ def test_the_headline_comes_first_and_large_and_its_rows_are_marked(headline_run
     silent = [f"{family} {subset}" for (family, subset), rows in groups.items() if not says_something(rows)]
     assert silent == ["Example guess"] and drawn  # GuessNumber in one turn: only the expert wins
     assert {p.stem for p in (headline_run / "plots").glob("*.png")} == drawn | {"headline"}
-    assert set(re.findall(r'<img alt="([\w-]+)"', main.split('<section id="results">')[1].split('<section id="training">')[0])) == drawn
+    assert set(re.findall(r'<img alt="([\w-]+)"',
+                          main.split('<section id="results">')[1].split('<section id="training">')[0])) == drawn
     assert f"Not drawn: 1 chart in which no agent but the expert won an episode ({silent[0]})" in page
 
 

@@ -135,7 +135,8 @@ def test_agentopsd_beliefs_and_turn_weights_give_the_core_advantages(episodes, r
             assert 1 - B - 1e-9 <= credit["weight"] <= 1 + B + 1e-9
             # Every token of turn k gets A * ((1 - lam) + lam * w_k): the turn's mean advantage from
             # compute_advantages is exactly that, so the recorded w_k is the one the update used.
-            assert credit["advantage"] == pytest.approx(A * (1 + AGENT_LAM * (credit["weight"] - 1)), rel=1e-4, abs=1e-6)
+            assert credit["advantage"] == pytest.approx(A * (1 + AGENT_LAM * (credit["weight"] - 1)), rel=1e-4,
+                                                        abs=1e-6)
 
 
 def test_the_report_shows_the_records_beside_the_trainer_episodes(tmp_path, episodes, records):

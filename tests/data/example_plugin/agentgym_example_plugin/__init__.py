@@ -42,7 +42,8 @@ class GuessNumberEnv(TextEnv):
     def _apply(self, action):
         words = action.content.split()
         # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
-        if len(words) != 2 or words[0] != "guess" or not (words[1].isascii() and words[1].isdigit()) or len(words[1]) > 9:
+        if len(words) != 2 or words[0] != "guess" or not (words[1].isascii()
+                                                          and words[1].isdigit()) or len(words[1]) > 9:
             return Transition("Nothing happens.", admissible=False)
         k = int(words[1])
         admissible = self.lo <= k <= self.hi

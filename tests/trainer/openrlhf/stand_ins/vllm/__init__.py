@@ -22,7 +22,8 @@ class SamplingParams:
 
 def _unavailable(name):
     def call(*args, **kwargs):
-        raise RuntimeError(f"vllm.{name} is a CPU-test stand-in (tests/trainer/openrlhf/stand_ins); it needs a GPU install")
+        raise RuntimeError(
+            f"vllm.{name} is a CPU-test stand-in (tests/trainer/openrlhf/stand_ins); it needs a GPU install")
 
     return call
 
