@@ -1,8 +1,8 @@
 """Which weights to train, in which precision: tokens/s of an SFT pass and of an RL update, and quality at equal budget.
 
-    .venv/bin/python benchmarks/train_speed.py --quick        # 4 episodes, 2 rounds, 24 + 8 quality episodes (~30 min here)
-    .venv/bin/python benchmarks/train_speed.py                # 12 episodes, 2 rounds, 120 + 40 quality episodes
-    .venv/bin/python benchmarks/train_speed.py --rates 2      # also a third of each choice's learning rate
+    .venv/bin/python benchmarks/train_speed.py --quick    # 4 episodes, 2 rounds, 24 + 8 quality episodes (~30 min here)
+    .venv/bin/python benchmarks/train_speed.py            # 12 episodes, 2 rounds, 120 + 40 quality episodes
+    .venv/bin/python benchmarks/train_speed.py --rates 2  # also a third of each choice's learning rate
 
 Model: `--model` (default `smollm2-135m`, SmolLM2-135M-Instruct, 30 layers) in float32 weights, on the CPU,
 torch on one thread (`torch.set_num_threads(1)`; a second thread beside another job's is many times
@@ -85,7 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/train_speed")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved speed rounds")
     ap.add_argument("--episodes", type=int, default=None, help="episodes in the speed rows (default 12; --quick 4)")
-    ap.add_argument("--quality-episodes", type=int, default=None, help="Q fine-tuning episodes (default 120; --quick 24)")
+    ap.add_argument("--quality-episodes", type=int, default=None,
+                    help="Q fine-tuning episodes (default 120; --quick 24)")
     ap.add_argument("--held-out", type=int, default=None, help="H held-out episodes (default 40; --quick 8)")
     ap.add_argument("--val-episodes", type=int, default=None,
                     help="episodes that choose between the rates with --rates 2 (default 12; --quick 4)")
@@ -93,7 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="learning rates tried per choice: 1 (the choice's own) or 2 (also a third of it)")
     ap.add_argument("--choices", default=",".join(CHOICES),
                     help=f"comma-separated subset of {', '.join(CHOICES)} (full is always measured: the baseline)")
-    ap.add_argument("--precisions", default="auto", help="fp32, bf16, or auto: fp32 and bf16 where the CPU has bf16 units")
+    ap.add_argument("--precisions", default="auto",
+                    help="fp32, bf16, or auto: fp32 and bf16 where the CPU has bf16 units")
     ap.add_argument("--batch-tokens", type=int, default=4096,
                     help="padded tokens per SFT optimizer step and per RL micro-batch")
     ap.add_argument("--no-quality", dest="quality", action="store_false", help="the speed part only")
@@ -132,7 +134,8 @@ def summarize_times(samples: list[dict[str, float]], tokens: int) -> dict[str, f
     cpu = [s["cpu_s"] for s in samples]
     wall = [s["wall_s"] for s in samples]
     return {"rounds": len(samples), "tokens": tokens, "cpu_s_min": min(cpu), "cpu_s_median": statistics.median(cpu),
-            "wall_s_min": min(wall), "tok_s_min_time": tokens / min(cpu), "tok_s_median": tokens / statistics.median(cpu)}
+            "wall_s_min": min(wall), "tok_s_min_time": tokens / min(cpu),
+            "tok_s_median": tokens / statistics.median(cpu)}
 
 
 def speed_table(summary: dict[str, dict[str, float]], baseline: str) -> list[dict]:
@@ -260,7 +263,8 @@ class Bench:
     def rows(self, episodes, context: str | None = None):
         from trainer.rows import build_rows
 
-        return build_rows(episodes, self.tokenizer, context=context, span_mode=self.credit.span_mode, max_length=self.limit)
+        return build_rows(episodes, self.tokenizer, context=context, span_mode=self.credit.span_mode,
+                          max_length=self.limit)
 
     @staticmethod
     def examples(rows, episodes, detours):
@@ -456,7 +460,8 @@ def main(argv=None) -> int:
     window_rows = bench.rows(episodes, context="window:2")
     window_examples, _ = bench.examples(window_rows, episodes, expert.detours)
     tokens, window_tokens = rows.num_tokens, window_rows.num_tokens
-    say(f"rows: {len(episodes)} episodes ({tasks} games, up to {GROUP} each, {sum(e.success for e in episodes)} successes, "
+    say(f"rows: {len(episodes)} episodes ({tasks} games, up to {GROUP} each, "
+        f"{sum(e.success for e in episodes)} successes, "
         f"{sum(e.num_turns for e in episodes)} turns, {len(expert.detours)} detours), full chat: {rows.num_rows} rows, "
         f"{tokens} tokens, {int(rows.generated_mask().sum())} generated, {int(target.sum())} SFT targets (the expert's "
         f"own turns); window:2: {window_rows.num_rows} rows, {window_tokens} tokens")
@@ -538,7 +543,8 @@ def main(argv=None) -> int:
     if args.quality:
         bf16_time = sum(v for (c, p), v in per_choice.items() if p == "bf16")
         fp32_time = sum(v for (c, p), v in per_choice.items() if p == "fp32")
-        quality_precision = "bf16" if "bf16" in precisions and (fp32_time == 0 or bf16_time < fp32_time) else precisions[0]
+        bf16_faster = "bf16" in precisions and (fp32_time == 0 or bf16_time < fp32_time)
+        quality_precision = "bf16" if bf16_faster else precisions[0]
         train_requests = [EpisodeRequest(seed=i, episode_id=f"quality-{i}") for i in range(args.quality_episodes)]
         held_requests = [EpisodeRequest(seed=i, episode_id=f"held-{i}") for i in range(args.held_out)]
         val_requests = [EpisodeRequest(seed=args.held_out + i, episode_id=f"val-{i}") for i in range(args.val_episodes)]
@@ -556,7 +562,8 @@ def main(argv=None) -> int:
             _, ev_target = bench.examples(ev_rows, eps, ex.detours)
             evals[name] = (ev_rows, ev_target, len(eps))
         say(f"quality: fine-tune on {len(train_eps)} successful expert episodes ({train_rows.num_tokens} tokens, "
-            f"{int(train_target.sum())} targets), 1 epoch, {args.batch_tokens} padded tokens per step, {quality_precision}; "
+            f"{int(train_target.sum())} targets), 1 epoch, {args.batch_tokens} padded tokens per step, "
+            f"{quality_precision}; "
             f"held out: {evals['held_out'][2]} successful episodes of valid_seen games "
             f"({int(evals['held_out'][1].sum())} target tokens)" + (
                 f"; rates chosen on {evals['val'][2]} other valid_seen episodes" if "val" in evals else ""))
@@ -584,50 +591,60 @@ def main(argv=None) -> int:
             best = quality.get(choice)
             if best is None or score < (best["val"]["nll"] if "val" in best else best["held_out"]["nll"]):
                 quality[choice] = record
-            quality.setdefault("_tried", []).append({k: record[k] for k in ("choice", "lr", "train_loss", "cpu_s", "wall_s")}
-                                                     | {"held_out_nll": record["held_out"]["nll"],
-                                                        **({"val_nll": record["val"]["nll"]} if "val" in record else {})})
+            tried = {k: record[k] for k in ("choice", "lr", "train_loss", "cpu_s", "wall_s")}
+            tried["held_out_nll"] = record["held_out"]["nll"]
+            if "val" in record:
+                tried["val_nll"] = record["val"]["nll"]
+            quality.setdefault("_tried", []).append(tried)
             bar.update(1)
         bar.close()
     load_after = load_average()
 
     # 4. The report
     table = speed_table({case: s for case, s in summary.items()}, "full/fp32/sft")
-    rl_table = {r["case"]: r for r in speed_table({c: s for c, s in summary.items() if c.endswith("/rl")}, "full/fp32/rl")}
+    rl_summary = {c: s for c, s in summary.items() if c.endswith("/rl")}
+    rl_table = {r["case"]: r for r in speed_table(rl_summary, "full/fp32/rl")}
     say()
-    say(f"Speed: tokens/s of one pass over {tokens} row tokens = tokens / process CPU s (1 thread); min (best time) and "
-        f"median over {args.rounds} rounds; x full = full-FT fp32's best time / this one's")
-    header = f"{'choice':<13} {'trained':>8} {'prec':<5} {'SFT tok/s':>10} {'median':>7} {'x full':>7} {'RL tok/s':>9} {'median':>7} {'x full':>7}"
+    say(f"Speed: tokens/s of one pass over {tokens} row tokens = tokens / process CPU s (1 thread); "
+        f"min (best time) and median over {args.rounds} rounds; x full = full-FT fp32's best time / this one's")
+    header = (f"{'choice':<13} {'trained':>8} {'prec':<5} {'SFT tok/s':>10} {'median':>7} {'x full':>7} "
+              f"{'RL tok/s':>9} {'median':>7} {'x full':>7}")
     say(header)
     for r in table:
         if not r["case"].endswith("/sft"):
             continue
         choice, precision, _ = r["case"].split("/")
         rl = rl_table[f"{choice}/{precision}/rl"]
-        say(f"{choice:<13} {trained[choice] / 1e6:>7.2f}M {precision:<5} {r['tok_s_min_time']:>10.0f} {r['tok_s_median']:>7.0f} {r['x_baseline']:>7.2f} "
+        say(f"{choice:<13} {trained[choice] / 1e6:>7.2f}M {precision:<5} {r['tok_s_min_time']:>10.0f} "
+            f"{r['tok_s_median']:>7.0f} {r['x_baseline']:>7.2f} "
             f"{rl['tok_s_min_time']:>9.0f} {rl['tok_s_median']:>7.0f} {rl['x_baseline']:>7.2f}")
     base_sft, base_rl = summary["full/fp32/sft"]["cpu_s_min"], summary["full/fp32/rl"]["cpu_s_min"]
     say()
-    say(f"Fastest (SFT + RL CPU time): {fastest} {fastest_precision}; its variants, side by side in {args.rounds} rounds:")
+    say(f"Fastest (SFT + RL CPU time): {fastest} {fastest_precision}; its variants, side by side in "
+        f"{args.rounds} rounds:")
     say(f"{'variant':<22} {'tokens':>7} {'CPU s':>7} {'tok/s':>7} {'median':>7} {'x full fp32':>11}")
     for case, s in extra_summary.items():
         base = base_rl if case.startswith("rl/") else base_sft
         ratio = f"{base / s['cpu_s_min']:>11.2f}" if not case.startswith("forward/") else f"{'':>11}"
-        say(f"{case:<22} {s['tokens']:>7} {s['cpu_s_min']:>7.1f} {s['tok_s_min_time']:>7.0f} {s['tok_s_median']:>7.0f} {ratio}")
-    shares = extra_summary
-    say(f"  shared start: SFT x{shares['sft/no-prefix']['cpu_s_min'] / shares['sft/prefix']['cpu_s_min']:.2f} faster on; "
-        f"window:2 rows cost x{shares['sft/window']['cpu_s_min'] / shares['sft/prefix']['cpu_s_min']:.2f} (SFT) and "
-        f"x{shares['rl/window']['cpu_s_min'] / shares['rl/full-chat']['cpu_s_min']:.2f} (RL) the full chat's time for the "
-        f"same episodes; logits only where read: forward x"
-        f"{shares['forward/everywhere']['cpu_s_min'] / shares['forward/read']['cpu_s_min']:.2f} faster "
-        f"(x{shares['forward/everywhere']['cpu_s_min'] / shares['forward/read+prefix']['cpu_s_min']:.2f} with the shared "
+        say(f"{case:<22} {s['tokens']:>7} {s['cpu_s_min']:>7.1f} {s['tok_s_min_time']:>7.0f} "
+            f"{s['tok_s_median']:>7.0f} {ratio}")
+
+    def times(a: str, b: str) -> float:  # variant a's best CPU time over variant b's
+        return extra_summary[a]["cpu_s_min"] / extra_summary[b]["cpu_s_min"]
+
+    say(f"  shared start: SFT x{times('sft/no-prefix', 'sft/prefix'):.2f} faster on; "
+        f"window:2 rows cost x{times('sft/window', 'sft/prefix'):.2f} (SFT) and "
+        f"x{times('rl/window', 'rl/full-chat'):.2f} (RL) the full chat's time for the "
+        f"same episodes; logits only where read: forward x{times('forward/everywhere', 'forward/read'):.2f} faster "
+        f"(x{times('forward/everywhere', 'forward/read+prefix'):.2f} with the shared "
         f"start); log-prob sums " + ", ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in checks.items()))
 
     recommendation = None
     equal: dict[str, bool] = {}
     if args.quality:
         say()
-        say(f"Quality at equal budget ({quality_precision}; 1 epoch on the same episodes): held-out NLL per target token, "
+        say(f"Quality at equal budget ({quality_precision}; 1 epoch on the same episodes): held-out NLL per target "
+            f"token, "
             f"turn exact match (greedy turn = expert's), share of target tokens that are the argmax, "
             f"difference to the best NLL with its 95% interval over episodes")
         best_choice = min(args.choices, key=lambda c: quality[c]["held_out"]["nll"])
@@ -635,7 +652,8 @@ def main(argv=None) -> int:
         say(f"{'choice':<13} {'lr':>8} {'NLL':>7} {'exact':>6} {'tokens':>6} {'vs best [95%]':>24} {'equal':>6} "
             f"{'fine-tune':>10}")
         base = quality["untrained"]
-        say(f"{'untrained':<13} {'-':>8} {base['nll']:>7.4f} {base['exact_match']:>6.1%} {base['token_accuracy']:>6.1%}")
+        say(f"{'untrained':<13} {'-':>8} {base['nll']:>7.4f} {base['exact_match']:>6.1%} "
+            f"{base['token_accuracy']:>6.1%}")
         for choice in args.choices:
             rec = quality[choice]
             d, low, high = paired_nll_difference(rec["held_out"]["nll_sum"], rec["held_out"]["count"], best["nll_sum"],
@@ -646,15 +664,17 @@ def main(argv=None) -> int:
                 f"{rec['held_out']['token_accuracy']:>6.1%} "
                 f"{f'{d:+.4f} [{low:+.4f}, {high:+.4f}]':>24} {'yes' if equal[choice] else 'no':>6} "
                 f"{rec['wall_s']:>8.0f} s")
-        say(f"  fine-tune times: wall (CPU) s: " + ", ".join(
+        say("  fine-tune times: wall (CPU) s: " + ", ".join(
             f"{t['choice']} lr {t['lr']:.0e} {t['wall_s']:.0f} ({t['cpu_s']:.0f})" + (
                 f" val NLL {t['val_nll']:.4f}" if "val_nll" in t else "") for t in quality["_tried"]))
         speed_q = {c: per_choice[(c, quality_precision)] for c in args.choices if (c, quality_precision) in per_choice}
         recommendation = recommend(speed_q, equal)
         if recommendation is not None:
             r = recommendation
-            say(f"fastest at equal quality: {r} in {quality_precision} (SFT x{base_sft / summary[f'{r}/{quality_precision}/sft']['cpu_s_min']:.2f}, "
-                f"RL x{base_rl / summary[f'{r}/{quality_precision}/rl']['cpu_s_min']:.2f} of full-FT fp32; held-out NLL "
+            sft_x = base_sft / summary[f"{r}/{quality_precision}/sft"]["cpu_s_min"]
+            rl_x = base_rl / summary[f"{r}/{quality_precision}/rl"]["cpu_s_min"]
+            say(f"fastest at equal quality: {r} in {quality_precision} (SFT x{sft_x:.2f}, "
+                f"RL x{rl_x:.2f} of full-FT fp32; held-out NLL "
                 f"{quality[r]['held_out']['nll']:.4f}, best {best_choice} {best['nll']:.4f})")
         else:
             say("fastest at equal quality: none measured")
@@ -670,7 +690,8 @@ def main(argv=None) -> int:
         "rows": {"episodes": len(episodes), "successes": sum(e.success for e in episodes), "rows": rows.num_rows,
                  "tokens": tokens, "generated": int(rows.generated_mask().sum()), "sft_targets": int(target.sum()),
                  "window_rows": window_rows.num_rows, "window_tokens": window_tokens},
-        "trained_parameters": trained, "speed": {"summary": table, "samples": samples}, "fastest": {"choice": fastest, "precision": fastest_precision},
+        "trained_parameters": trained, "speed": {"summary": table, "samples": samples},
+        "fastest": {"choice": fastest, "precision": fastest_precision},
         "variants": {"summary": extra_summary, "samples": extra_samples, "logprob_sums": checks},
         "quality": {"precision": quality_precision, "results": quality, "tolerance": QUALITY_TOLERANCE,
                     "rates": {c: RATES[c] for c in args.choices}} if args.quality else None,

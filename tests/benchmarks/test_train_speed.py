@@ -46,7 +46,8 @@ def test_choices_always_start_with_the_full_fine_tune_baseline():
 
 
 def test_speed_table_ratios_are_the_baseline_time_over_each_cases():
-    samples = {"full": [{"cpu_s": 12.0, "wall_s": 20.0}, {"cpu_s": 10.0, "wall_s": 30.0}, {"cpu_s": 11.0, "wall_s": 25.0}],
+    samples = {"full": [{"cpu_s": 12.0, "wall_s": 20.0}, {"cpu_s": 10.0, "wall_s": 30.0},
+                        {"cpu_s": 11.0, "wall_s": 25.0}],
                "top-4": [{"cpu_s": 4.0, "wall_s": 5.0}, {"cpu_s": 6.0, "wall_s": 9.0}]}
     summary = {case: train_speed.summarize_times(s, tokens=1000) for case, s in samples.items()}
     assert summary["full"]["cpu_s_min"] == 10.0 and summary["full"]["cpu_s_median"] == 11.0
