@@ -10,7 +10,11 @@
 4. Benchmark expert, random and the three tiny policies (the warm start, and the models GRPO and
    StepOPSD trained from it) on the held-out Pick games (enough of them for a success interval that
    means something), on the six ALFWorld subsets and on Search-QA.
-5. Write one HTML report (tables, charts, training curves, trajectories with their credit) and say
+5. A teacher that reads: the real model (`smollm2-135m`, no warm start) as its own teacher on a few Pick
+   episodes of the expert with detours, their StepOPSD and AgentOPSD credit and its AUC
+   (`agentgym_opsd.app.reading_teacher`; skipped, with the install line in the report, without the
+   model's wheel; its forwards run on one thread, reused by a second demo).
+6. Write one HTML report (tables, charts, training curves, trajectories with their credit) and say
    where it is; its header says what the tiny policies are, what their held-out row shows and where
    the real figures are (`about.txt`).
 
@@ -100,13 +104,17 @@ class DemoSettings:
     # (with 2 workers the stage took 277 s against 41 s, median wall of 2 runs each, here).
     workers: int = 0
     bench_envs: int = 32  # envs stepped together: the policies decode that many turns per batch
+    # The reading-teacher section: tasks x group of the expert with detours, scored by the real model.
+    teacher_tasks: int = 2
+    teacher_group: int = 4
+    teacher_max_turns: int = 8
 
     @classmethod
     def quick(cls) -> DemoSettings:
         return cls(train_games=2, held_out=2, panel_eval=1, max_turns=8, searchqa_episodes=3, sft_episodes=8,
                    sft_epochs=1,
                    tiny_hidden=64, steps=1, tasks_per_step=1, group_size=2, max_new_tokens=12, eval_episodes=1,
-                   vocab_size=512)
+                   vocab_size=512, teacher_tasks=1, teacher_group=2, teacher_max_turns=3)
 
 
 class _Stages:
@@ -158,7 +166,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
         raise EnvUnavailable(
             f"the demo needs the {', '.join(sorted(missing))} envs, which are not installed here (pip install -e .)")
     stages = _Stages(["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD", "benchmark",
-                      "report"])
+                      "reading teacher", "report"])
     cache = out / "cache"
     # Two panels: Pick only (the training games and the held-out ones), and all six types (a few
     # valid_seen games each, for the benchmark's subsets).
@@ -215,6 +223,13 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
             stages.done()
         finally:
             server.stop()
+        stages.start("reading teacher")
+        from agentgym_opsd.app.reading_teacher import FOLDER, ReadingTeacherSettings, run_reading_teacher
+
+        run_reading_teacher(out / FOLDER, pick, ReadingTeacherSettings(
+            tasks=settings.teacher_tasks, group_size=settings.teacher_group, max_turns=settings.teacher_max_turns),
+            progress=progress)
+        stages.done()
         _write_about(out, settings, models["warm start"])
         stages.start("report")
         report = write_report(out)

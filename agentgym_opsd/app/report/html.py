@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.app.reading_teacher import FOLDER as READING_TEACHER_FOLDER
+from agentgym_opsd.app.reading_teacher import SOURCE as READING_TEACHER_SOURCE
 from agentgym_opsd.app.report.credit import episode_credit, merge_credit_file
 from agentgym_opsd.app.results import COUNTING_NOTE, REFERENCE_AGENT, chart_groups, says_something, subset_rows
 from agentgym_opsd.episode import Episode, load_episodes
@@ -50,6 +52,8 @@ class RunData:
             note its producer left for readers, e.g. the demo's "what this run is").
         bench: the bench's config (`agentgym_opsd.app.bench_config.BenchConfig`, from config.json), or None.
         training_configs: method -> its trainer config (training/<method>/config.json).
+        reading_teacher: the real model's credit on expert-with-detours episodes
+            (`reading_teacher/summary.json`, `agentgym_opsd.app.reading_teacher`), or None.
     """
 
     run_dir: Path
@@ -61,6 +65,7 @@ class RunData:
     meta: dict[str, Any] = field(default_factory=dict)
     bench: Any = None
     training_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reading_teacher: dict[str, Any] | None = None
 
 
 def _pick_bench_episodes(episodes: list[Episode], per_group: int) -> list[Episode]:
@@ -159,6 +164,12 @@ def load_run(run_dir: str | Path, *, per_group: int = 4, per_method: int = 24) -
                     merge_credit_file(credit_path, episodes)
             with_credit = [e for e in episodes if e.meta.get("credit")]
             data.viewer += [(f"train:{method}", e) for e in (with_credit or episodes)[-per_method:]]
+    teacher_dir = run_dir / READING_TEACHER_FOLDER
+    if (teacher_dir / "summary.json").is_file():
+        data.reading_teacher = json.loads((teacher_dir / "summary.json").read_text(encoding="utf-8"))
+        if (teacher_dir / "episodes.jsonl").is_file() and not data.reading_teacher.get("skipped"):
+            read = load_episodes(teacher_dir / "episodes.jsonl", skip_torn_lines=True)
+            data.viewer += [(READING_TEACHER_SOURCE, e) for e in read]
     return data
 
 
@@ -453,6 +464,45 @@ def training_section(data: RunData) -> Section | None:
                    + _training_html(data.training, sizes))
 
 
+def reading_teacher_section(data: RunData) -> Section | None:
+    """The real model as its own teacher on expert-with-detours episodes: the AUC of its credit, and where
+    the viewer shows the episodes (`agentgym_opsd.app.reading_teacher`)."""
+    summary = data.reading_teacher
+    if not summary:
+        return None
+    title = "A teacher that reads"
+    model = html.escape(str(summary.get("settings", {}).get("model", "the real model")))
+    if summary.get("skipped"):
+        skipped = _inline_code(str(summary["skipped"]))
+        return Section("reading-teacher", title, f'<p class="note">Not run: {skipped}</p>')
+    head = "<tr><th>credit</th><th>AUC</th><th>95% interval</th><th>episodes with pairs</th></tr>"
+
+    def spread(r: dict[str, Any]) -> str:
+        return "&ndash;" if r["low"] is None else f"[{r['low']:.2f}, {r['high']:.2f}]"
+
+    body = "".join(f"<tr><td>{html.escape(r['row'])}</td><td>{_fmt(r['auc'])}</td><td>{spread(r)}</td>"
+                   f"<td>{r['episodes']}</td></tr>" for r in summary["auc"])
+    settings = summary.get("settings", {})
+    note = (
+        f"The tiny policy above cannot read, so its StepOPSD teacher says little. Here the real model, "
+        f"<code>{model}</code> (SmolLM2-135M-Instruct, no warm start), is student and live teacher at once on "
+        f"{summary['episodes']} ALFWorld Pick episodes of the expert with random detours ({settings.get('tasks')} "
+        f"tasks x {settings.get('group_size')}, detour rate {settings.get('detour')}; {summary['successes']} won; "
+        f"{summary['turns']} turns, {summary['expert_turns']} of them expert turns: the env's label, the turn "
+        "shortened the expert's remaining plan). Each turn's StepOPSD and AgentOPSD credit is in the trajectory "
+        "viewer below (group <code>" + html.escape(READING_TEACHER_SOURCE) + "</code>), drawn as the training credit "
+        "is. The AUC: within each episode, the chance that an expert turn gets more credit than a detour (per turn: "
+        "its credit over |A|, or its evidence e_k; token weights: the action tokens that agree with the expert's "
+        "action against those that depart from it, pooled). 0.5 is chance. The interval resamples the "
+        f"episodes ({settings.get('bootstrap')} draws); with this few it is wide: "
+        "<code>python benchmarks/credit_quality.py --model smollm2-135m</code> measures it on 128 episodes with "
+        f"placebo controls. Computed in {summary['seconds']:.0f}s on {summary.get('threads', 1)} thread(s), load "
+        f"{summary['load'][0]:.1f} to {summary['load'][1]:.1f}."
+    )
+    return Section("reading-teacher", title, f'<p class="note">{note}</p><table class="results"><thead>{head}</thead>'
+                   f"<tbody>{body}</tbody></table>")
+
+
 def trajectories_section(data: RunData) -> Section | None:
     """The trajectory viewer (filled by the page's script from the data block)."""
     if not data.viewer:
@@ -473,7 +523,7 @@ def trajectories_section(data: RunData) -> Section | None:
 # The page's sections, in order: each takes the run's data and returns its Section, or None when
 # the run has nothing for it. A new section is one more function here.
 SECTIONS: list[Callable[[RunData], Section | None]] = [headline_section, results_section, training_section,
-                                                       trajectories_section]
+                                                       reading_teacher_section, trajectories_section]
 
 
 def render_report(data: RunData, sections: list[Callable[[RunData], Section | None]] | None = None) -> str:

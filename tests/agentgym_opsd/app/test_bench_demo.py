@@ -110,7 +110,15 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     assert trained and all(set(e["credit"]) == {"stepopsd"} for e in trained)
     timings = json.loads((out / "demo.json").read_text())["stage_seconds"]
     assert list(timings) == ["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD",
-                             "benchmark", "report"]
+                             "benchmark", "reading teacher", "report"]
+    # A teacher that reads: the real model's credit on expert-with-detours Pick episodes, its AUC table after
+    # the training, and those episodes in the viewer with both methods' credit.
+    teacher = json.loads((out / "reading_teacher" / "summary.json").read_text())
+    assert teacher["episodes"] == 2 and len(teacher["auc"]) == 4
+    assert main.index('<section id="training">') < main.index('<section id="reading-teacher">') < main.index(
+        '<section id="trajectories">')
+    read = [e for e in data["episodes"] if e["source"].startswith("reading teacher")]
+    assert len(read) == 2 and all(set(e["credit"]) == {"stepopsd", "agentopsd"} for e in read)
 
 
 def test_the_held_out_rows_test_against_random_is_fishers_exact_test():

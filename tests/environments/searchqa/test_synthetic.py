@@ -84,3 +84,25 @@ def test_serve_synthetic_starts_and_stops(synthetic_index: Path) -> None:
         hits = RetrievalClient(server.url).search(question.question, 3)
         assert question.supporting[0]["title"] in [split_title(h.contents)[0] for h in hits]
     assert not server.running
+
+
+def test_agentopsd_reads_a_skill_note_for_the_synthetic_questions_as_for_nq_triviaqa_and_hotpotqa():
+    # The env's task type is its questions' data set; AgentOPSD's teacher reads the family's note for it
+    # after the general note (trainer.env_knowledge.skill_text). The synthetic set had none: its teacher
+    # read the general note alone.
+    from agentgym_opsd.registry import entry, registered_envs
+    from environments.searchqa.synthetic import synthetic_questions
+    from trainer.env_knowledge import SKILLS_DIR, skill_text
+
+    general = (SKILLS_DIR / "general.txt").read_text(encoding="utf-8").strip()
+    ids = [e.id for e in registered_envs() if e.family == "SearchQA"]
+    assert "agentgym/SearchQA-Synthetic-v0" in ids and len(ids) >= 4
+    for env_id in ids:
+        task_types = ({q.dataset for q in synthetic_questions("train") + synthetic_questions("test")}
+                      if entry(env_id).subset == "synthetic" else {entry(env_id).subset})
+        for task_type in task_types:
+            note = entry(env_id).skill_notes(task_type)
+            assert note, (env_id, task_type)
+            assert skill_text(env_id, task_type) == general + "\n\n" + note
+    synthetic = entry("agentgym/SearchQA-Synthetic-v0").skill_notes("synthetic")
+    assert "two-hop" in synthetic and synthetic != entry("agentgym/SearchQA-NQ-v0").skill_notes("nq")
