@@ -70,3 +70,17 @@ def test_wilson_and_step_costs():
                for s in (10, 30, 20)] + [{"kind": "eval", "time/step_s": 99}]
     costs = learning.step_costs(metrics)
     assert costs["step"] == 20 and costs["teacher"] == 0.0 and costs["update"] == 2
+
+
+def _die(fields: dict, progress: bool) -> float:
+    """A run whose process is killed (as the kernel's OOM killer does) instead of returning."""
+    import os
+
+    os._exit(9)
+
+
+def test_a_run_whose_process_dies_stops_the_benchmark_with_a_message_that_says_how_to_resume():
+    with pytest.raises(SystemExit) as stopped:
+        learning.run_jobs({("grpo", 0, 0): {}, ("gigpo", 0, 0): {}}, jobs=2, progress=False, run=_die)
+    message = str(stopped.value.code)
+    assert "died" in message and "run the same command again to resume" in message
