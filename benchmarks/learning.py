@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/learning.py                       # the real model: 1 warm start, 1 seed, 4 methods
     .venv/bin/python benchmarks/learning.py --seeds 3             # two more seeds per method (finished runs kept)
     .venv/bin/python benchmarks/learning.py --seeds 3 --warm-starts 2
-    .venv/bin/python benchmarks/learning.py --quick               # a smoke run of every stage, about 15 minutes
+    .venv/bin/python benchmarks/learning.py --quick               # smoke run: 1 update, 10 games (not yet timed)
     .venv/bin/python benchmarks/learning.py --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
 
 1. Warm starts (`--warm-starts W`, each once, cached under OUT/warm<w>): the model fine-tuned on expert
@@ -49,8 +49,8 @@ sys.path.insert(0, str(REPO))
 DEFAULT_METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
 
 # Per model kind: what a run of this benchmark trains and measures (command-line flags override).
-# The real model's budget is what one seed of every method costs on this 2-core machine in about 80 minutes
-# (measured: SFT 23 min, 50 greedy held-out games 7 min, an update of 4 x 4 episodes 3.5 min for GRPO).
+# The real model's budget: one seed of every method in about 75 minutes on this 2-core machine, added up from
+# pieces measured at load 2-4 (SFT 23 min, 50 greedy held-out games 7-8 min, an update of 4 x 4 episodes 3-5 min).
 REAL = dict(
     train_games=1000, eval_split="valid_unseen", eval_games=50, max_turns=15, expert_searches=True,
     sft_episodes=400, sft_epochs=2, sft_lr=1e-4, sft_noise=0.25, train_layers=8, autocast="auto",
