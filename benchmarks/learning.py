@@ -81,7 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                        ("mini-batches", int), ("max-new-tokens", int)):
         ap.add_argument(f"--{name}", type=kind, help="default: the model kind's (see the REAL and TINY tables)")
     ap.add_argument("--autocast", choices=("none", "bf16", "auto"))
-    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: one GPU, the model in bf16 "
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cpu (default) or cuda: one GPU, the model in bf16 "
                     "(benchmarks/gpu_learning.sh runs this benchmark there at a larger budget)")
     ap.add_argument("--lr-schedule", choices=("constant", "linear"))
     ap.add_argument("--sft-privileged", type=float, default=0.0, help="literate warm start: the share of episodes "

@@ -19,7 +19,8 @@ import learning  # noqa: E402
 def test_bad_counts_are_usage_errors():
     for flag, bad, says in (("--jobs", "0", "--jobs must be >= 1"), ("--jobs", "-2", "--jobs must be >= 1"),
                             ("--jobs", "two", "invalid int value"), ("--seeds", "0", "--seeds must be >= 1"),
-                            ("--model", "no/such/folder", "not a named model")):
+                            ("--model", "no/such/folder", "not a named model"),
+                            ("--device", "tpu", "invalid choice: 'tpu'")):
         done = subprocess.run([sys.executable, str(SCRIPT), flag, bad], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2
         assert says in done.stderr and "Traceback" not in done.stderr
