@@ -64,7 +64,6 @@ import hashlib
 import io
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -369,17 +368,6 @@ def model_fingerprint(path: Path) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
 
 
-def git_commit() -> str:
-    try:
-        done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-        return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 # ---------------------------------------------------------------------------------------------
 # The benchmark
 
@@ -473,6 +461,8 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
     from trainer.teacher import score_teacher
 
     started = time.perf_counter()
+    from run_info import git_commit
+
     load_before, commit = os.getloadavg(), git_commit()
     settings = family_settings(args, spec)
     key = {"model": model_fingerprint(model_folder), **settings}

@@ -46,6 +46,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agentgym_opsd.summary import wilson_interval as wilson  # noqa: E402  (the repository, just put on the path)
+
 DEFAULT_METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
 
 # Per model kind: what a run of this benchmark trains and measures (command-line flags override).
@@ -158,16 +160,6 @@ def runs_needed(per_run: Sequence[float], target: float) -> int | None:
         return None
     sd = float(values.std(ddof=1))
     return max(values.size, math.ceil((1.96 * sd / target) ** 2))
-
-
-def wilson(wins: int, n: int) -> tuple[float, float]:
-    """95% Wilson interval of wins / n."""
-    if n == 0:
-        return 0.0, 1.0
-    z, p = 1.959964, wins / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def step_costs(metrics: Sequence[dict]) -> dict[str, float]:

@@ -51,13 +51,14 @@ import gc
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from run_info import git_commit  # noqa: E402  (benchmarks/, the script's own folder)
 
 ENV = "agentgym/ALFWorld-Pick-v0"
 GROUP = 4  # episodes per game in the speed rows
@@ -206,17 +207,6 @@ def cpu_flags() -> list[str]:
     except OSError:
         pass
     return []
-
-
-def commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                               text=True, check=True).stdout.strip()
-        return sha + ("+changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def load_average() -> list[float]:
@@ -422,7 +412,8 @@ def main(argv=None) -> int:
     else:
         precisions = args.precisions.split(",")
     load_before = load_average()
-    say(f"train_speed at {commit()}: model {args.model}, torch {torch.__version__}, {torch.get_num_threads()} thread "
+    say(f"train_speed at {git_commit()}: model {args.model}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread "
         f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}), load average before {load_before}")
     say(f"CPU flags: {' '.join(flags) or 'none found'}; native bf16 (amx_bf16 or avx512_bf16): {fast_bf16}; "
         f"precisions measured: {', '.join(precisions)}")
@@ -684,7 +675,7 @@ def main(argv=None) -> int:
     say(f"load average before {load_before}, after {load_after}; wall {wall / 60:.1f} min")
 
     result = {
-        "args": vars(args), "commit": commit(), "threads": torch.get_num_threads(), "cpu_flags": flags,
+        "args": vars(args), "commit": git_commit(), "threads": torch.get_num_threads(), "cpu_flags": flags,
         "native_bf16": fast_bf16, "precisions": precisions, "load_before": load_before, "load_after": load_after,
         "wall_s": wall,
         "rows": {"episodes": len(episodes), "successes": sum(e.success for e in episodes), "rows": rows.num_rows,
