@@ -98,6 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="RL runs at once, each in its own process on one torch thread (default: min(2, CPUs)); "
                     "results do not depend on it")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="train and evaluate the warm start(s), then stop (e.g. a literate one with --sft-privileged)")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     args = ap.parse_args(argv)
     if args.jobs < 1:
@@ -303,6 +305,10 @@ def main(argv=None) -> int:
         low, high = wilson(sum(outcomes), len(outcomes))
         print(f"warm start {w}: held-out {sum(outcomes)}/{len(outcomes)} = {100 * np.mean(outcomes):.1f}% "
               f"[{100 * low:.1f}, {100 * high:.1f}]", flush=True)
+    if args.warm_only:
+        print(f"--warm-only: the warm start(s) are in {out}/warm*; RL runs from them with the same --out and "
+              f"without --warm-only")
+        return 0
 
     # 2. the RL runs: seed 0 of every method (and warm start) first, so a stopped run has whole seeds
     todo = {}
