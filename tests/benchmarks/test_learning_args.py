@@ -3,6 +3,7 @@ table says they do."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,17 @@ def test_a_run_whose_process_dies_stops_the_benchmark_with_a_message_that_says_h
         learning.run_jobs({("grpo", 0, 0): {}, ("gigpo", 0, 0): {}}, jobs=2, progress=False, run=_die)
     message = str(stopped.value.code)
     assert "died" in message and "run the same command again to resume" in message
+
+
+def test_warm_only_trains_and_scores_the_warm_start_and_runs_no_rl(tmp_path):
+    out = tmp_path / "learning"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "tiny", "--quick", "--warm-only", "--out", str(out), "--jobs", "1",
+         "--train-games", "20", "--eval-games", "3", "--sft-episodes", "8", "--sft-epochs", "1", "--max-turns", "4",
+         "--tiny-hidden", "32", "--tiny-layers", "1", "--vocab-size", "300", "--no-progress"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "warm start 0: held-out" in done.stdout and "/3 = " in done.stdout
+    assert (out / "warm0" / "report.json").is_file() and (out / "warm0" / "model" / "config.json").is_file()
+    assert not any((out / "warm0" / m).exists() for m in learning.DEFAULT_METHODS)
+    assert not (out / "learning.txt").exists()
