@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/learning.py --seeds 3 --warm-starts 2
     .venv/bin/python benchmarks/learning.py --quick               # smoke run: 1 update, 10 games (not yet timed)
     .venv/bin/python benchmarks/learning.py --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
+    .venv/bin/python benchmarks/learning.py --sft-privileged 0.5 --warm-only --out runs/learning-literate
 
 1. Warm starts (`--warm-starts W`, each once, cached under OUT/warm<w>): the model fine-tuned on expert
    episodes of ALFWorld Pick (small rooms) with random detours the expert recovers from (only the
