@@ -35,6 +35,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -101,6 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "results do not depend on it")
     ap.add_argument("--warm-only", action="store_true",
                     help="train and evaluate the warm start(s), then stop (e.g. a literate one with --sft-privileged)")
+    ap.add_argument("--table-only", action="store_true",
+                    help="train nothing: the table of every finished run under OUT (e.g. of a stopped invocation)")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     args = ap.parse_args(argv)
     if args.jobs < 1:
@@ -132,25 +135,52 @@ def parse_args(argv=None) -> argparse.Namespace:
 # Statistics (pure functions of the outcome tables)
 
 
-def hierarchical_bootstrap(table: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
-    """Bootstrap means of a [warm starts, seeds, games] table: each draw resamples warm starts, then seeds
-    within each drawn warm start, then games (one set of games per draw, shared by every run, so a
-    paired table stays paired). Returns [draws] means."""
-    table = np.asarray(table, dtype=float)
-    W, S, G = table.shape
+def hierarchical_mean(tables: Sequence[np.ndarray]) -> float:
+    """The mean of per-warm-start [seeds, games] tables: over warm starts of each one's mean over its seeds
+    and games (every warm start weighs the same, whatever its number of seeds)."""
+    return float(np.mean([np.asarray(t, dtype=float).mean() for t in tables]))
+
+
+def hierarchical_bootstrap(tables: Sequence[np.ndarray], draws: int, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap `hierarchical_mean`s of per-warm-start [seeds, games] tables (a [warm starts, seeds, games]
+    array is one; warm starts may have different numbers of seeds, the games are the same): each draw
+    resamples warm starts, then seeds within each drawn warm start (from its own), then games (one set
+    of games per draw, shared by every run, so a paired table stays paired). Returns [draws] means."""
+    tables = [np.asarray(t, dtype=float) for t in tables]
+    W, G = len(tables), tables[0].shape[1]
     out = np.empty(draws)
     for d in range(draws):
         warm = rng.integers(0, W, size=W)
-        seeds = rng.integers(0, S, size=(W, S))
+        seeds = [rng.integers(0, len(tables[w]), size=len(tables[w])) for w in warm]
         games = rng.integers(0, G, size=G)
-        out[d] = table[warm[:, None], seeds][:, :, games].mean()
+        out[d] = np.mean([tables[w][s][:, games].mean() for w, s in zip(warm, seeds, strict=True)])
     return out
 
 
-def mean_interval(table: np.ndarray, draws: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    """The table's mean and a 95% interval from one set of `hierarchical_bootstrap` draws."""
-    means = hierarchical_bootstrap(table, draws, rng)
-    return float(np.mean(table)), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+def mean_interval(tables: Sequence[np.ndarray], draws: int, rng: np.random.Generator) -> tuple[float, float, float]:
+    """The tables' `hierarchical_mean` and a 95% interval from one set of `hierarchical_bootstrap` draws."""
+    means = hierarchical_bootstrap(tables, draws, rng)
+    return hierarchical_mean(tables), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def finished_design(out: Path, methods: Sequence[str], warm_starts: int | None,
+                    seeds: int | None) -> dict[int, list[int]]:
+    """Per evaluated warm start, the seeds whose runs of every method have finished (a report.json), within
+    the first `warm_starts` and `seeds` (None: every one under `out`)."""
+    def numbered(folder: Path, prefix: str, limit: int | None) -> list[int]:
+        found = sorted(int(p.name[len(prefix):]) for p in folder.glob(f"{prefix}*") if p.name[len(prefix):].isdigit())
+        return [n for n in found if limit is None or n < limit]
+
+    design = {}
+    for w in numbered(out, "warm", warm_starts):
+        warm = out / f"warm{w}"
+        if not (warm / "report.json").exists():
+            continue
+        done = [s for s in numbered(warm / methods[0], "seed", seeds)
+                if all((warm / m / f"seed{s}" / "report.json").exists() for m in methods)]
+        if done:
+            design[w] = done
+    return design
 
 
 def runs_needed(per_run: Sequence[float], target: float) -> int | None:
@@ -292,7 +322,7 @@ def main(argv=None) -> int:
 
     # 1. the warm starts, each evaluated once on the held-out panel
     warm_todo = {}
-    for w in range(args.warm_starts):
+    for w in ([] if args.table_only else range(args.warm_starts)):
         warm = out / f"warm{w}"
         if not (warm / "report.json").exists():
             warm_todo[("warm start", w)] = dict(
@@ -301,7 +331,8 @@ def main(argv=None) -> int:
                 sft_lr=args.sft_lr, sft_privileged=args.sft_privileged, **model_fields, **common,
             )
     warm_seconds = run_jobs(warm_todo, args.jobs, args.progress)
-    starts = {w: final_outcomes(out / f"warm{w}", 0) for w in range(args.warm_starts)}
+    starts = {w: final_outcomes(out / f"warm{w}", 0) for w in range(args.warm_starts)
+              if not args.table_only or (out / f"warm{w}" / "report.json").exists()}
     for w, outcomes in starts.items():
         low, high = wilson(sum(outcomes), len(outcomes))
         print(f"warm start {w}: held-out {sum(outcomes)}/{len(outcomes)} = {100 * np.mean(outcomes):.1f}% "
@@ -314,7 +345,7 @@ def main(argv=None) -> int:
     # 2. the RL runs: seed 0 of every method (and warm start) first, so a stopped run has whole seeds
     todo = {}
     credit = parse_options(args.credit)
-    for seed in range(args.seeds):
+    for seed in ([] if args.table_only else range(args.seeds)):
         for w in range(args.warm_starts):
             for method in methods:
                 run_dir = out / f"warm{w}" / method / f"seed{seed}"
@@ -327,25 +358,42 @@ def main(argv=None) -> int:
                     )
     run_seconds = run_jobs(todo, args.jobs, args.progress)
 
-    # 3. the figures
+    # 3. the figures, over every warm start and seed whose runs of every method are done (all of them, after
+    # a whole invocation; with --table-only, whatever is under OUT)
+    design = finished_design(out, methods, *((None, None) if args.table_only else (args.warm_starts, args.seeds)))
+    if not design:
+        print(f"learning.py: no warm start under {out} has a finished run of every method ({', '.join(methods)}); "
+              "run it without --table-only", file=sys.stderr)
+        return 1
     rng = np.random.default_rng(0)
-    W, S = args.warm_starts, args.seeds
-    finals = {m: np.array([[final_outcomes(out / f"warm{w}" / m / f"seed{s}", args.steps) for s in range(S)]
-                           for w in range(W)], dtype=float) for m in methods}
-    costs = {m: [step_costs(read_jsonl(out / f"warm{w}" / m / f"seed{s}" / "metrics.jsonl"))
-                 for w in range(W) for s in range(S)] for m in methods}
-    start_table = np.array([[starts[w]] for w in range(W)], dtype=float)  # [W, 1, G]
+
+    def run_dir(w: int, m: str, s: int) -> Path:
+        return out / f"warm{w}" / m / f"seed{s}"
+
+    def last_update(path: Path) -> int:
+        return int(json.loads((path / "report.json").read_text())["steps"])
+
+    finals = {m: [np.array([final_outcomes(run_dir(w, m, s), last_update(run_dir(w, m, s))) for s in seeds_of],
+                           dtype=float) for w, seeds_of in design.items()] for m in methods}
+    costs = {m: [step_costs(read_jsonl(run_dir(w, m, s) / "metrics.jsonl"))
+                 for w, seeds_of in design.items() for s in seeds_of] for m in methods}
+    for w in design:
+        starts.setdefault(w, final_outcomes(out / f"warm{w}", 0))
+    start_table = [np.array([starts[w]], dtype=float) for w in design]  # per warm start: [1 "seed", games]
     start_mean, start_low, start_high = mean_interval(start_table, args.bootstrap, rng)
     what = "tiny Qwen3" if tiny else args.model
     trained = (f"top {args.train_layers} layers" if args.train_layers
                else "all weights") + f", autocast {args.autocast}"
-    runs = W * S
+    runs = sum(len(seeds_of) for seeds_of in design.values())
+    shape = (f"{len(design)} warm start(s) x {runs // len(design)} seed(s)"
+             if len({len(v) for v in design.values()}) == 1
+             else f"{len(design)} warm starts x " + "+".join(str(len(v)) for v in design.values()) + " seeds")
     lines = [
         f"{args.env}, small rooms, {args.max_turns} turns, {args.train_games} training games | {panel_line}, greedy | "
         f"{what}, {trained} | warm start: {args.sft_episodes} expert episodes x {args.sft_epochs} epochs "
         f"({'searching' if args.expert_searches else 'planner'} expert, detours {args.sft_noise}, lr {args.sft_lr}) | "
         f"RL: {args.steps} updates x {args.tasks_per_step} tasks x {args.group_size} episodes, lr {args.lr} | "
-        f"{W} warm start(s) x {S} seed(s)",
+        f"{shape}",
         f"warm start: {100 * start_mean:.1f}% [{100 * start_low:.1f}, {100 * start_high:.1f}]",
         f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "
         f"{'step s':>7} {'rollout':>8} {'teacher':>8} {'update':>7} {'x GRPO':>7}",
@@ -356,13 +404,13 @@ def main(argv=None) -> int:
         mean, low, high = mean_interval(finals[method], args.bootstrap, rng)
         phase = {k: float(np.median([c[k] for c in costs[method] if c])) for k in ("step", "rollout", "teacher",
                                                                                   "update")}
-        entry = {"success": mean, "interval": [low, high], "per_run": finals[method].mean(axis=2).tolist(),
+        entry = {"success": mean, "interval": [low, high], "per_run": [t.mean(axis=1).tolist() for t in finals[method]],
                  "step_seconds": phase}
         diff = diff_ci = need = "-"
         if method != "grpo" and "grpo" in finals:
-            delta = finals[method] - finals["grpo"]
+            delta = [a - b for a, b in zip(finals[method], finals["grpo"], strict=True)]
             d, d_low, d_high = mean_interval(delta, args.bootstrap, rng)
-            per_run = delta.mean(axis=2).ravel()
+            per_run = np.concatenate([t.mean(axis=1) for t in delta])
             needed = runs_needed(per_run, 0.02)
             entry["vs_grpo"] = {"difference": d, "interval": [d_low, d_high], "per_run": per_run.tolist(),
                                 "runs_for_2_points": needed}
@@ -375,13 +423,14 @@ def main(argv=None) -> int:
                      f"{phase['teacher']:>8.0f} "
                      f"{phase['update']:>7.0f} {ratio:>7}")
     lines.append(
-        "After RL: held-out success at the last update, the mean over warm starts, seeds and games. Intervals: a "
+        "After RL: held-out success at the last update, the mean over warm starts (each weighing the same) of the "
+        "mean over their seeds and games. Intervals: a "
         "hierarchical bootstrap (warm starts, seeds within them, games), paired for the difference to GRPO. "
         + ("With one run per method the interval holds game sampling only: the run-to-run spread, which decided "
            "rankings before, is not in it. " if runs == 1 else "")
         + "runs for +-2: warm start x seed runs for a +-2-point interval on the difference, from the per-run spread "
           "seen ('?': one run shows no spread). Step seconds: medians per update, each run on one thread, "
-          f"{args.jobs} at a time.")
+          + ("as the runs ran." if args.table_only else f"{args.jobs} at a time."))
     wall = time.perf_counter() - started
     load_after = os.getloadavg()[0]
     lines.append(f"this invocation: {wall / 60:.1f} min (warm starts {sum(warm_seconds.values()):.0f}s, "
@@ -391,10 +440,9 @@ def main(argv=None) -> int:
     print(table)
     atomic_write_text(out / "learning.txt", table + "\n")
     atomic_write_json(out / "learning.json", {
-        "args": vars(args), "held_out_seeds": seeds, "warm_start": {"success": start_mean,
-                                                                     "interval": [start_low, start_high],
-                                                                     "per_warm_start": [float(np.mean(starts[w]))
-                                                                                        for w in range(W)]},
+        "args": vars(args), "held_out_seeds": seeds, "design": {str(w): v for w, v in design.items()},
+        "warm_start": {"success": start_mean, "interval": [start_low, start_high],
+                       "per_warm_start": [float(np.mean(starts[w])) for w in design]},
         "results": results, "wall_seconds": wall, "load": [load_before, load_after]})
     plot_comparison({m: out / "warm0" / m / "seed0" for m in methods}, out / "learning.png",
                     title=f"held-out success, {args.env.split('/')[-1]}, {what}\n(warm start {100 * start_mean:.1f}%)")

@@ -58,6 +58,46 @@ def test_the_interval_holds_the_run_to_run_spread_not_only_games():
     assert low < mean < high and mean == pytest.approx(table.mean())
 
 
+def test_warm_starts_with_different_seed_counts_weigh_the_same_and_keep_their_spread():
+    games = (np.random.default_rng(4).random(60) < 0.4).astype(float)
+    # warm start 0: three seeds near 0.2; warm start 1: one seed at 0.6 (a stopped invocation)
+    low = np.stack([np.clip(games * 0 + 0.2 + d, 0, 1) for d in (-0.05, 0.0, 0.05)])
+    high = np.full((1, 60), 0.6)
+    assert learning.hierarchical_mean([low, high]) == pytest.approx(0.4)  # not (3 * 0.2 + 0.6) / 4
+    means = learning.hierarchical_bootstrap([low, high], 2000, np.random.default_rng(5))
+    # resampling warm starts reaches both all-low and all-high draws: the interval spans the warm starts
+    assert means.min() == pytest.approx(0.15, abs=0.03) and means.max() == pytest.approx(0.6)
+    assert np.percentile(means, 97.5) - np.percentile(means, 2.5) > 0.3
+    # a balanced array is the same as its list of warm starts
+    table = np.stack([low, low[::-1] + 0.1])
+    assert np.allclose(learning.hierarchical_bootstrap(table, 300, np.random.default_rng(6)),
+                       learning.hierarchical_bootstrap(list(table), 300, np.random.default_rng(6)))
+
+
+def test_the_table_covers_the_seeds_whose_runs_of_every_method_finished(tmp_path):
+    def finish(*parts):
+        (tmp_path.joinpath(*parts)).mkdir(parents=True, exist_ok=True)
+        (tmp_path.joinpath(*parts) / "report.json").write_text("{}")
+
+    finish("warm0")
+    finish("warm1")
+    for seed in (0, 1, 2):
+        finish("warm0", "grpo", f"seed{seed}")
+    for seed in (0, 2):
+        finish("warm0", "gigpo", f"seed{seed}")
+    finish("warm1", "grpo", "seed0")
+    finish("warm1", "gigpo", "seed0")
+    finish("warm2", "grpo", "seed0")  # a warm start that was never evaluated: left out
+    (tmp_path / "warm0" / "gigpo" / "seed1").mkdir()  # stopped mid-run: no report.json
+    assert learning.finished_design(tmp_path, ["grpo", "gigpo"], None, None) == {0: [0, 2], 1: [0]}
+    assert learning.finished_design(tmp_path, ["grpo", "gigpo"], 1, 2) == {0: [0]}
+    assert learning.finished_design(tmp_path, ["grpo"], None, None) == {0: [0, 1, 2], 1: [0]}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--table-only", "--out", str(tmp_path / "none"),
+                           "--quick"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "no warm start under" in done.stderr and "without --table-only" in done.stderr
+
+
 def test_runs_needed_follows_the_spread_seen():
     assert learning.runs_needed([0.05], 0.02) is None  # one run: no spread to go on
     per_run = [0.0, 0.1, -0.1, 0.05, -0.05]  # sd 0.079
