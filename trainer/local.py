@@ -29,6 +29,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from agentgym_opsd.summary import format_table, summarize
 from trainer.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from trainer.config import TrainConfig, TrainError
 from trainer.loss import ppo_update
+from trainer.memory import peak_memory_gb, release_freed_memory, reset_peak_memory
 from trainer.policy import TinyModelSpec, load_policy, parameter_count
 from trainer.sampling import HFPolicyAgent
 from trainer.warm_start import expert_episodes, sft
@@ -145,11 +147,18 @@ class LocalTrainer:
         except TrainableError as e:
             raise TrainError(str(e)) from None
 
+    @contextmanager
     def compute(self):
-        """The context the run's forward and backward passes run in (`--autocast`)."""
+        """The context the run's forward and backward passes run in (`--autocast`). When it ends, the
+        memory the phase freed goes back to the system (`trainer.memory`): a process between phases
+        holds its live memory, not its last peak, so runs side by side fit where their peaks would not."""
         from trainer.policy import autocast_context
 
-        return autocast_context(self.config.autocast, next(self.model.parameters()).device)
+        try:
+            with autocast_context(self.config.autocast, next(self.model.parameters()).device):
+                yield
+        finally:
+            release_freed_memory()
 
     def _tokenizer_corpus(self) -> list[str]:
         """Text to train a tokenizer on: the env's instructions and the turns of expert episodes (or
@@ -242,6 +251,7 @@ class LocalTrainer:
 
     def rl_step(self) -> dict[str, Any]:
         started = time.perf_counter()
+        reset_peak_memory()
         episodes = self.rollout()
         rollout_stats = self.rollout_agent.pop_stats()
         rollout_seconds = time.perf_counter() - started
@@ -297,6 +307,10 @@ class LocalTrainer:
             "time/update_s": update_seconds,
             "time/step_s": time.perf_counter() - started,
         }
+        peak = peak_memory_gb()
+        if peak is not None:
+            record["memory/peak_gb"] = peak  # the process's resident high-water mark during this update
+
         self.log(record)
         for hook in self.hooks["after_update"]:
             hook(self, record)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,9 @@ def test_two_updates_change_loss_and_parameters_with_the_credit_cores_advantages
     out = tmp_path / "run"
     lines = list(read_jsonl(out / "metrics.jsonl"))
     assert [r["step"] for r in lines if r["kind"] == "train"] == [1, 2]
+    if sys.platform.startswith("linux"):  # each update logs its own resident peak: at least the model it holds
+        weights_gb = sum(p.numel() * p.element_size() for p in run.model.parameters()) / 2**30
+        assert all(weights_gb < r["memory/peak_gb"] < 64 for r in lines if r["kind"] == "train")
     for name in ("success.png", "reward.png", "kl.png", "credit.png"):
         assert (out / "curves" / name).stat().st_size > 1000
     assert (out / "model" / "config.json").exists() and (out / "report.json").exists()
@@ -198,7 +202,8 @@ def test_a_killed_and_resumed_run_equals_an_unbroken_one(tmp_path, method, weigh
     assert unbroken.rng.bit_generator.state == resumed.rng.bit_generator.state
 
     def stable(path):
-        return [{k: v for k, v in r.items() if not (k.startswith("time") or "seconds" in k or "per_s" in k)}
+        return [{k: v for k, v in r.items()
+                 if not (k.startswith(("time", "memory")) or "seconds" in k or "per_s" in k)}
                 for r in read_jsonl(path)]
 
     assert stable(tmp_path / "a" / "metrics.jsonl") == stable(tmp_path / "b" / "metrics.jsonl")
