@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/learning.py --quick               # smoke run: 1 update, 10 games (not yet timed)
     .venv/bin/python benchmarks/learning.py --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
     .venv/bin/python benchmarks/learning.py --sft-privileged 0.5 --warm-only --out runs/learning-literate
+    .venv/bin/python benchmarks/learning.py --table-only --out runs/learning-smollm2-135m  # the finished runs' table
 
 1. Warm starts (`--warm-starts W`, each once, cached under OUT/warm<w>): the model fine-tuned on expert
    episodes of ALFWorld Pick (small rooms) with random detours the expert recovers from (only the
@@ -21,14 +22,16 @@
    evaluated on the held-out panel after the last update only (no checkpoint is picked). `--jobs`
    runs at once, each in its own process on one torch thread; the results do not depend on it.
    Every run resumes from its checkpoint, and a finished run is never redone: stop the command at
-   any point, or run it again with more seeds or warm starts, and only what is missing runs.
+   any point, or run it again with more seeds or warm starts, and only what is missing runs;
+   `--table-only` prints the table of the finished runs without training.
 4. Figures: per method, held-out success (mean over warm starts, seeds and games) and its paired
    difference to GRPO (same warm start, seed and games), each with a 95% interval from a
-   hierarchical bootstrap that resamples warm starts, seeds within them and games: the interval
+   hierarchical bootstrap that resamples warm starts, seeds within them and games (every warm start
+   weighs the same, whatever its number of finished seeds): the interval
    holds the run-to-run variance that decided rankings before, not game sampling alone (with one
    run per method it cannot, and the table says so). From the observed spread of the per-run
    differences, how many runs would measure each difference. The whole-step cost of each method
-   (rollout, teacher, update) against GRPO's, from the same invocation's runs. Writes
+   (rollout, teacher, update) against GRPO's, and its resident memory peak, from the runs in the table. Writes
    OUT/learning.txt, OUT/learning.json and OUT/learning.png.
 """
 
@@ -205,8 +208,10 @@ def step_costs(metrics: Sequence[dict]) -> dict[str, float]:
         values = [float(r[key]) for r in train if key in r]
         return float(np.median(values)) if values else 0.0
 
+    peaks = [float(r["memory/peak_gb"]) for r in train if "memory/peak_gb" in r]
     return {"rollout": median("time/rollout_s"), "teacher": median("time/teacher_s"),
-            "scoring": median("time/scoring_s"), "update": median("time/update_s"), "step": median("time/step_s")}
+            "scoring": median("time/scoring_s"), "update": median("time/update_s"), "step": median("time/step_s"),
+            "peak_gb": max(peaks) if peaks else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,7 +401,7 @@ def main(argv=None) -> int:
         f"{shape}",
         f"warm start: {100 * start_mean:.1f}% [{100 * start_low:.1f}, {100 * start_high:.1f}]",
         f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "
-        f"{'step s':>7} {'rollout':>8} {'teacher':>8} {'update':>7} {'x GRPO':>7}",
+        f"{'step s':>7} {'rollout':>8} {'teacher':>8} {'update':>7} {'x GRPO':>7} {'peak GB':>7}",
     ]
     grpo_step = float(np.median([c["step"] for c in costs.get("grpo", []) if c])) if costs.get("grpo") else None
     results = {}
@@ -417,11 +422,14 @@ def main(argv=None) -> int:
             diff, diff_ci = f"{100 * d:+.1f}", f"[{100 * d_low:+.1f}, {100 * d_high:+.1f}]"
             need = str(needed) if needed is not None else "?"
         ratio = f"{phase['step'] / grpo_step:.2f}" if grpo_step else "-"
+        peaks = [c["peak_gb"] for c in costs[method] if c and c.get("peak_gb") is not None]
+        entry["peak_gb"] = max(peaks) if peaks else None
+        peak = f"{max(peaks):.1f}" if peaks else "-"
         results[method] = entry
         lines.append(f"{method:<10} {100 * mean:>8.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} {diff:>9} "
                      f"{diff_ci:>18} {need:>12} {phase['step']:>7.0f} {phase['rollout']:>8.0f} "
                      f"{phase['teacher']:>8.0f} "
-                     f"{phase['update']:>7.0f} {ratio:>7}")
+                     f"{phase['update']:>7.0f} {ratio:>7} {peak:>7}")
     lines.append(
         "After RL: held-out success at the last update, the mean over warm starts (each weighing the same) of the "
         "mean over their seeds and games. Intervals: a "
@@ -429,7 +437,8 @@ def main(argv=None) -> int:
         + ("With one run per method the interval holds game sampling only: the run-to-run spread, which decided "
            "rankings before, is not in it. " if runs == 1 else "")
         + "runs for +-2: warm start x seed runs for a +-2-point interval on the difference, from the per-run spread "
-          "seen ('?': one run shows no spread). Step seconds: medians per update, each run on one thread, "
+          "seen ('?': one run shows no spread). Peak GB: the largest resident memory an update of the method "
+          "reached ('-': runs from before it was logged). Step seconds: medians per update, each run on one thread, "
           + ("as the runs ran." if args.table_only else f"{args.jobs} at a time."))
     wall = time.perf_counter() - started
     load_after = os.getloadavg()[0]

@@ -112,6 +112,9 @@ def test_wilson_and_step_costs():
                for s in (10, 30, 20)] + [{"kind": "eval", "time/step_s": 99}]
     costs = learning.step_costs(metrics)
     assert costs["step"] == 20 and costs["teacher"] == 0.0 and costs["update"] == 2
+    assert costs["peak_gb"] is None  # runs from before the peak was logged
+    metrics[1]["memory/peak_gb"], metrics[2]["memory/peak_gb"] = 7.5, 6.0
+    assert learning.step_costs(metrics)["peak_gb"] == 7.5  # the largest an update reached
 
 
 def _die(fields: dict, progress: bool) -> float:
