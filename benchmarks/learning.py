@@ -1,9 +1,9 @@
 """Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO's?
 
-    .venv/bin/python benchmarks/learning.py                       # the real model: 1 warm start, 1 seed, 4 methods
+    .venv/bin/python benchmarks/learning.py                       # real model: 1 warm start, 1 seed, 4 methods (73 min)
     .venv/bin/python benchmarks/learning.py --seeds 3             # two more seeds per method (finished runs kept)
     .venv/bin/python benchmarks/learning.py --seeds 3 --warm-starts 2
-    .venv/bin/python benchmarks/learning.py --quick               # smoke run: 1 update, 10 games (not yet timed)
+    .venv/bin/python benchmarks/learning.py --quick               # smoke run: 1 update, 10 games (9.6 min here)
     .venv/bin/python benchmarks/learning.py --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
     .venv/bin/python benchmarks/learning.py --sft-privileged 0.5 --warm-only --out runs/learning-literate
     .venv/bin/python benchmarks/learning.py --table-only --out runs/learning-smollm2-135m  # the finished runs' table
@@ -56,8 +56,8 @@ from agentgym_opsd.summary import wilson_interval as wilson  # noqa: E402  (the 
 DEFAULT_METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
 
 # Per model kind: what a run of this benchmark trains and measures (command-line flags override).
-# The real model's budget: one seed of every method in about 75 minutes on this 2-core machine, added up from
-# pieces measured at load 2-4 (SFT 23 min, 50 greedy held-out games 7-8 min, an update of 4 x 4 episodes 3-5 min).
+# The real model's budget: a warm start and one seed of every method took 73.4 minutes in one invocation on this
+# 2-core machine (warm start 22.6 min with its 50-game evaluation, then 4 RL runs of 21-27 min, two at a time).
 REAL = dict(
     train_games=1000, eval_split="valid_unseen", eval_games=50, max_turns=15, expert_searches=True,
     sft_episodes=400, sft_epochs=2, sft_lr=1e-4, sft_noise=0.25, train_layers=8, autocast="auto",
