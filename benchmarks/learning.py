@@ -453,7 +453,8 @@ def main(argv=None) -> int:
         "warm_start": {"success": start_mean, "interval": [start_low, start_high],
                        "per_warm_start": [float(np.mean(starts[w])) for w in design]},
         "results": results, "wall_seconds": wall, "load": [load_before, load_after]})
-    plot_comparison({m: out / "warm0" / m / "seed0" for m in methods}, out / "learning.png",
+    first = next(iter(design))  # the curves of one finished run per method (warm0/seed0 may not be one)
+    plot_comparison({m: run_dir(first, m, design[first][0]) for m in methods}, out / "learning.png",
                     title=f"held-out success, {args.env.split('/')[-1]}, {what}\n(warm start {100 * start_mean:.1f}%)")
     print(f"wrote {out / 'learning.txt'}, {out / 'learning.json'} and {out / 'learning.png'}")
     return 0
