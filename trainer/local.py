@@ -255,6 +255,8 @@ class LocalTrainer:
         episodes = self.rollout()
         rollout_stats = self.rollout_agent.pop_stats()
         rollout_seconds = time.perf_counter() - started
+        peaks = {"rollout": peak_memory_gb()}  # each phase's resident high-water mark, from its own start
+        reset_peak_memory()
         save_episodes(self.out / "episodes" / f"update_{self.step + 1:05d}.jsonl", episodes)
         for hook in self.hooks["after_rollout"]:
             hook(self, episodes)
@@ -275,10 +277,13 @@ class LocalTrainer:
             append_jsonl(self.out / "credit.jsonl", records)
         scoring_seconds = time.perf_counter() - t0
         ref_logp = self.logprobs(self.reference_model, rows) if self.reference_model is not None else None
+        peaks["scoring"] = peak_memory_gb()  # old log-probs, the teacher's forwards, the reference's
+        reset_peak_memory()
 
         t1 = time.perf_counter()
         update = self.update(rows, old_logp, advantages, ref_logp)
         update_seconds = time.perf_counter() - t1
+        peaks["update"] = peak_memory_gb()
         self.step += 1
         if self.teacher_model is not None and self.step % self.credit.teacher_refresh == 0:
             self.teacher_model.load_state_dict(self.model.state_dict())
@@ -307,9 +312,9 @@ class LocalTrainer:
             "time/update_s": update_seconds,
             "time/step_s": time.perf_counter() - started,
         }
-        peak = peak_memory_gb()
-        if peak is not None:
-            record["memory/peak_gb"] = peak  # the process's resident high-water mark during this update
+        if None not in peaks.values():  # the process's resident high-water mark during this update, and per phase
+            record["memory/peak_gb"] = max(peaks.values())
+            record.update({f"memory/{phase}_peak_gb": peak for phase, peak in peaks.items()})
 
         self.log(record)
         for hook in self.hooks["after_update"]:
