@@ -208,10 +208,14 @@ def step_costs(metrics: Sequence[dict]) -> dict[str, float]:
         values = [float(r[key]) for r in train if key in r]
         return float(np.median(values)) if values else 0.0
 
-    peaks = [float(r["memory/peak_gb"]) for r in train if "memory/peak_gb" in r]
+    peaks = [r for r in train if "memory/peak_gb" in r]
+    top = max(peaks, key=lambda r: float(r["memory/peak_gb"])) if peaks else {}
+    phases = {phase: float(top[f"memory/{phase}_peak_gb"]) for phase in ("rollout", "scoring", "update")
+              if f"memory/{phase}_peak_gb" in top}  # logged per phase from 5842c86 on
     return {"rollout": median("time/rollout_s"), "teacher": median("time/teacher_s"),
             "scoring": median("time/scoring_s"), "update": median("time/update_s"), "step": median("time/step_s"),
-            "peak_gb": max(peaks) if peaks else None}
+            "peak_gb": float(top["memory/peak_gb"]) if top else None,
+            "peak_phase": max(phases, key=phases.get) if phases else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,7 +405,7 @@ def main(argv=None) -> int:
         f"{shape}",
         f"warm start: {100 * start_mean:.1f}% [{100 * start_low:.1f}, {100 * start_high:.1f}]",
         f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "
-        f"{'step s':>7} {'rollout':>8} {'teacher':>8} {'update':>7} {'x GRPO':>7} {'peak GB':>7}",
+        f"{'step s':>7} {'rollout':>8} {'teacher':>8} {'update':>7} {'x GRPO':>7} {'peak GB':>7} {'in':<8}",
     ]
     grpo_step = float(np.median([c["step"] for c in costs.get("grpo", []) if c])) if costs.get("grpo") else None
     results = {}
@@ -422,14 +426,15 @@ def main(argv=None) -> int:
             diff, diff_ci = f"{100 * d:+.1f}", f"[{100 * d_low:+.1f}, {100 * d_high:+.1f}]"
             need = str(needed) if needed is not None else "?"
         ratio = f"{phase['step'] / grpo_step:.2f}" if grpo_step else "-"
-        peaks = [c["peak_gb"] for c in costs[method] if c and c.get("peak_gb") is not None]
-        entry["peak_gb"] = max(peaks) if peaks else None
-        peak = f"{max(peaks):.1f}" if peaks else "-"
+        peaks = [c for c in costs[method] if c and c.get("peak_gb") is not None]
+        top = max(peaks, key=lambda c: c["peak_gb"]) if peaks else {}
+        entry["peak_gb"], entry["peak_phase"] = top.get("peak_gb"), top.get("peak_phase")
+        peak = f"{top['peak_gb']:.1f}" if top else "-"
         results[method] = entry
         lines.append(f"{method:<10} {100 * mean:>8.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} {diff:>9} "
                      f"{diff_ci:>18} {need:>12} {phase['step']:>7.0f} {phase['rollout']:>8.0f} "
                      f"{phase['teacher']:>8.0f} "
-                     f"{phase['update']:>7.0f} {ratio:>7} {peak:>7}")
+                     f"{phase['update']:>7.0f} {ratio:>7} {peak:>7} {entry['peak_phase'] or '-':<8}")
     lines.append(
         "After RL: held-out success at the last update, the mean over warm starts (each weighing the same) of the "
         "mean over their seeds and games. Intervals: a "
@@ -438,14 +443,15 @@ def main(argv=None) -> int:
            "rankings before, is not in it. " if runs == 1 else "")
         + "runs for +-2: warm start x seed runs for a +-2-point interval on the difference, from the per-run spread "
           "seen ('?': one run shows no spread). Peak GB: the largest resident memory an update of the method "
-          "reached ('-': runs from before it was logged). Step seconds: medians per update, each run on one thread, "
+          "reached, and in which phase of it (rollout; scoring: old log-probs and the teacher; update) "
+          "('-': runs from before it was logged). Step seconds: medians per update, each run on one thread, "
           + ("as the runs ran." if args.table_only else f"{args.jobs} at a time."))
     wall = time.perf_counter() - started
     load_after = os.getloadavg()[0]
     lines.append(f"this invocation: {wall / 60:.1f} min (warm starts {sum(warm_seconds.values()):.0f}s, "
                  f"RL runs {sum(run_seconds.values()):.0f}s of run time), load average {load_before:.1f} -> "
                  f"{load_after:.1f}")
-    table = "\n".join(lines)
+    table = "\n".join(line.rstrip() for line in lines)
     print(table)
     atomic_write_text(out / "learning.txt", table + "\n")
     atomic_write_json(out / "learning.json", {

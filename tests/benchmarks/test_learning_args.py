@@ -115,6 +115,10 @@ def test_wilson_and_step_costs():
     assert costs["peak_gb"] is None  # runs from before the peak was logged
     metrics[1]["memory/peak_gb"], metrics[2]["memory/peak_gb"] = 7.5, 6.0
     assert learning.step_costs(metrics)["peak_gb"] == 7.5  # the largest an update reached
+    assert learning.step_costs(metrics)["peak_phase"] is None  # logged before the phases were
+    metrics[1].update({"memory/rollout_peak_gb": 5.0, "memory/scoring_peak_gb": 7.5, "memory/update_peak_gb": 6.0})
+    metrics[2].update({"memory/rollout_peak_gb": 6.0, "memory/scoring_peak_gb": 2.0, "memory/update_peak_gb": 3.0})
+    assert learning.step_costs(metrics)["peak_phase"] == "scoring"  # the phase of the largest update's peak
 
 
 def _die(fields: dict, progress: bool) -> float:
