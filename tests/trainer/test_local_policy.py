@@ -14,6 +14,7 @@ from trainer.policy import (
     CHATML_TEMPLATE,
     TinyModelSpec,
     build_tiny_model,
+    load_hf_policy,
     load_policy,
     parameter_count,
     train_tokenizer,
@@ -234,6 +235,20 @@ def test_hf_agent_from_a_saved_folder(tiny, tmp_path) -> None:
         make_agent(f"hf:{tmp_path / 'm'}?temp=1")
     with pytest.raises(AgentError, match="no such folder"):
         make_agent(f"hf:{tmp_path / 'nothing'}")
+
+
+def test_a_loaded_model_computes_what_the_same_weights_in_memory_do(tiny, tmp_path) -> None:
+    """Weights read from a safetensors file get their own aligned memory: one row through the head (a
+    matrix-vector product, whose rounding follows the operands' alignment) gives the same bits as the
+    model the file was written from."""
+    model, tok = tiny
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    loaded, _ = load_hf_policy(tmp_path / "m", device="cpu", dtype="float32")
+    assert all(p.data_ptr() % 64 == 0 for p in loaded.parameters())
+    row = torch.randn(1, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded.lm_head(row), model.lm_head(row))
 
 
 def test_reusing_each_episodes_prefix_changes_nothing_but_the_cost(tiny) -> None:
