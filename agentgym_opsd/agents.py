@@ -3,7 +3,9 @@
 An agent answers `act(messages, info, env) -> str`: `messages` is the chat the context policy built
 (all a learned agent may use), `info` the env's last info dict, `env` the unwrapped env. Scripted
 agents (the experts, the random agent) read `env`; learned ones must not. Agents that can answer
-many prompts at once also define `act_batch`, which the rollout loop prefers.
+many prompts at once also define `act_batch`, which the rollout loop prefers; agents that keep state
+for the episodes they play (a policy's keys and values) may define `end_rollout()`, which the rollout
+loop calls when a rollout ends.
 
 `make_agent(name)` builds one from a name: `random`, `expert`, `hf:PATH` (a local transformers
 policy), `openai:BASE_URL#MODEL` (an OpenAI-compatible endpoint such as a vLLM server).

@@ -107,6 +107,9 @@ def run_episodes(
     finally:
         bar.close()
         rollout.close()
+        end = getattr(agent, "end_rollout", None)  # an agent's per-rollout state (a policy's keys and values)
+        if end is not None:
+            end()
     return rollout.episodes()
 
 

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from trainer.rows import TokenRows
 
 __all__ = [
+    "AttentionImplementationSetTo",
     "Insert",
     "TeacherSequence",
     "attention_implementation",
@@ -697,7 +698,7 @@ def masked_attention(model):
     if not _grouped_sdpa(model):
         return nullcontext()
     _register_grouped_sdpa()
-    return _AttentionImplementationSetTo(model.config, _GROUPED_SDPA)
+    return AttentionImplementationSetTo(model.config, _GROUPED_SDPA)
 
 
 _GROUPED_SDPA = "agentgym_opsd_sdpa_gqa"
@@ -748,7 +749,7 @@ def _sdpa_with_grouped_heads(module, query, key, value, attention_mask, dropout=
     return out.transpose(1, 2).contiguous(), None
 
 
-class _AttentionImplementationSetTo:
+class AttentionImplementationSetTo:
     """Sets `config._attn_implementation` for a block (the layers read it on every forward)."""
 
     def __init__(self, config, name: str):

@@ -1,7 +1,10 @@
 """A transformers policy that plays turns in token space: what the local trainer rolls out with.
 
-`HFPolicyAgent` samples the turns of all live episodes in one batched decoding loop with a KV cache.
-Its contexts are built in token space (token-in, token-out, as OpenRLHF and verl do):
+`HFPolicyAgent` samples the turns of all live episodes in one batched decoding loop. Each episode keeps
+its keys and values in a slot of a preallocated cache (`trainer.slot_cache`) from its first turn to its
+last, so a turn runs only the tokens its context added; the instructions that every new episode's
+prompt starts with run once per rollout, and a group's identical first prompts once per group. Its
+contexts are built in token space (token-in, token-out, as OpenRLHF and verl do):
 
 - the first turn's prompt, and every prompt of a `window:k` context, is the chat rendered with
   `trainer.chat.ChatFraming.prompt_ids`;
@@ -26,11 +29,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from agentgym_opsd.context import Message
 from agentgym_opsd.core import TextEnv
 from agentgym_opsd.episode import TurnTokens
 from trainer.chat import framing_for
 from trainer.policy import end_of_turn_ids
+from trainer.slot_cache import SlotCache
 
 __all__ = ["HFPolicyAgent", "DEFAULT_TURN_TOKENS"]
 
@@ -51,15 +57,23 @@ class HFPolicyAgent:
         max_batch: at most this many prompts per decoding call (None: all of them at once).
         name: the agent's name in episode records.
         reuse_prefix: keep each episode's keys and values from one turn to the next and compute only
-            the new part of its context. Off for models whose caches are not plain (sliding windows).
+            the new part of its context; run the common start of new episodes' prompts, and identical
+            prompts, once. Off: every prompt runs whole (the plain reference, same turns up to float
+            rounding).
         stop_at_action_close: also end a turn once it has written its env's closing action tag
             (`</action>`, `</search>`, `</answer>`: the env's `action_tags`), since a turn holds one
             action (finish reason `action`: no stop id was sampled; the next context closes the turn
             with the template's end-of-turn text). Off by default: the trainer samples turns that end
             at a stop id.
+        draft_tokens: how many tokens a forward may guess after each row's drawn token (prompt lookup:
+            what followed the last earlier place its context held its last two or three tokens); the
+            guesses that agree with the draws save forwards, the ids and log-probs are the same (0: one
+            token per forward).
 
-    `stats` counts prompts, prompt and generated tokens, turns cut at the cap, turns ended at the
+    `stats` counts prompts, prompt tokens, prefilled positions (the tokens run before the first draw,
+    padding included), decoded row-steps, generated tokens, turns cut at the cap, turns ended at the
     action's closing tag and seconds spent.
+    `end_rollout()` frees the keys and values (the rollout loop calls it when a rollout ends).
     `state_dict()` / `load_state_dict()` save and restore the sampling generator (exact resume).
     """
 
@@ -76,13 +90,14 @@ class HFPolicyAgent:
         name: str = "hf",
         reuse_prefix: bool = True,
         stop_at_action_close: bool = False,
+        draft_tokens: int = 4,
     ) -> None:
-        import torch
-
         if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = None if max_new_tokens is None else int(max_new_tokens)
@@ -93,6 +108,7 @@ class HFPolicyAgent:
         self.max_batch = max_batch
         self.name = name
         self.reuse_prefix = bool(reuse_prefix)
+        self.draft_tokens = int(draft_tokens)
         self.stop_ids = end_of_turn_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         self.device = next(model.parameters()).device
@@ -100,7 +116,12 @@ class HFPolicyAgent:
         self.generator.manual_seed(int(seed))
         # Per live episode: its messages and context ids at its last turn, and what it sampled.
         self._contexts: dict[str, tuple[list[Message], list[int], list[int], bool]] = {}
-        self._prefixes: dict[str, tuple[list[int], list]] = {}
+        # Per live episode, its slot in the key/value cache (`trainer.slot_cache`), and per slot the ids
+        # whose keys and values it holds; slots of finished episodes are free for the next ones.
+        self._cache = None
+        self._slot_of: dict[str, int] = {}
+        self._held: dict[int, list[int]] = {}
+        self._free: list[int] = []
         self.samples: dict[tuple[str, int], TurnTokens] = {}
         self.stats = self._zero_stats()
 
@@ -113,11 +134,12 @@ class HFPolicyAgent:
         self, messages: Sequence[list[Message]], infos: Sequence[dict[str, Any]], envs: Sequence[TextEnv]
     ) -> list[str]:
         keys = [getattr(info.get("step"), "episode_id", None) for info in infos]
-        # Episodes not in this tick have ended: their contexts and cached prefixes go.
+        # Episodes not in this tick have ended: their contexts go, and their slots are free.
         live = set(keys)
-        for table in (self._contexts, self._prefixes):
-            for key in [k for k in table if k not in live]:
-                del table[key]
+        for key in [k for k in self._contexts if k not in live]:
+            del self._contexts[key]
+        for key in [k for k in self._slot_of if k not in live]:
+            self._release_slot(self._slot_of.pop(key))
         contexts, added = [], []
         for m, key in zip(messages, keys, strict=True):
             context, new, extends = self._context(m, key)
@@ -207,8 +229,6 @@ class HFPolicyAgent:
         limits: Sequence[int] | None = None,
         closers: Sequence[tuple[str, ...]] | None = None,
     ) -> list[tuple[list[int], list[float], str]]:
-        import torch
-
         if not prompts:
             return []
         started = time.perf_counter()
@@ -222,6 +242,9 @@ class HFPolicyAgent:
                     list(limits) if limits is not None else [self.turn_cap()] * len(prompts),
                     list(closers) if closers is not None else [()] * len(prompts),
                 )
+        except BaseException:
+            self.end_rollout()  # the slots may be half written: no episode may reuse them
+            raise
         finally:
             self.model.train(was_training)
         self.stats["calls"] += 1
@@ -237,170 +260,168 @@ class HFPolicyAgent:
         self, prompts: Sequence[Sequence[int]], keys: list[str | None], limits: list[int],
         closers: list[tuple[str, ...]],
     ) -> list[tuple[list[int], list[float], str]]:
-        """One batched decoding loop with a KV cache. Row i stops at a stop id, at a text of
-        `closers[i]` (the token that completes it is kept), or after `limits[i]` tokens.
+        """One batched decoding loop over the episodes' slots (`trainer.slot_cache`). Row i stops at a
+        stop id, at a text of `closers[i]` (the token that completes it is kept), or after `limits[i]`
+        tokens.
 
-        Layout: row i is `[pad, reused prefix (n_i), pad, new prompt tokens, generated tokens]`, every
-        row's next token in the same column. The reused prefix is the longest common prefix of the
-        prompt with the ids this episode's cache holds from its previous turn (a full-chat context
-        extends the previous one); its keys and values are not recomputed. Padding is masked out and
-        positions are explicit, so a row's logits do not depend on the others.
+        1. Each row runs on its episode's slot, which holds the keys and values of the ids the episode
+           read and wrote so far; the longest common prefix of those ids with the new prompt is reused
+           (a full-chat context extends the previous one: only its new tokens run).
+        2. Rows with nothing to reuse (new episodes) share the longest common prefix of their prompts
+           (the instructions): it runs once, and its keys and values are copied into their slots.
+        3. Rows with the same prompt and the same reused part (a group's first turn) run once; the
+           others get copies of its keys, values and logits.
+        4. Then each row still writing feeds the token it drew and, with `draft_tokens`, a guess of the
+           tokens after it (the continuation of the last place its context held its last tokens): one
+           forward gives the logits after each, its next tokens are drawn from them in order, and the
+           guesses agree with the draws are kept (`_Turn`: the draws are exactly the one-token loop's).
 
         Returns per prompt: (sampled ids, the stop id included when sampled; their log-probs; the
         finish reason: `stop`, `action` (a closing tag) or `length`).
         """
-        import torch
-
-        batch = len(prompts)
-        reused = [self._reusable(p, key) for p, key in zip(prompts, keys, strict=True)]
-        past = max(n for n, _ in reused)
-        fresh = [list(p[n:]) for p, (n, _) in zip(prompts, reused, strict=True)]
-        width = max(len(f) for f in fresh)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, past + width), dtype=torch.long)
-        positions = torch.zeros((batch, width), dtype=torch.long)
-        for i, (f, (n, _)) in enumerate(zip(fresh, reused, strict=True)):
-            if f:
-                input_ids[i, width - len(f) :] = torch.tensor(f, dtype=torch.long)
-                mask[i, past + width - len(f) :] = 1
-                positions[i, width - len(f) :] = torch.arange(n, n + len(f))
-            mask[i, past - n : past] = 1
-        input_ids, mask, positions = input_ids.to(self.device), mask.to(self.device), positions.to(self.device)
-        cache = self._past_cache(reused, past) if past else None
-        self.stats["prefill_tokens"] += int(batch * width)
-        stop = torch.tensor(self.stop_ids, device=self.device)
-        out = self._forward(input_ids, mask, positions, cache, prefill=True)
-        cache, logits = out.past_key_values, out.logits[:, -1].float()
-        next_position = positions[:, -1] + 1
-        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        limit = torch.tensor(limits, device=self.device)
-        closed = [False] * batch  # ended at a closing action tag
-        tails = [""] * batch  # the end of each row's text so far, to spot a closing tag
-        watch = [i for i in range(batch) if closers[i]]
-        horizon = max(limits)
-        tokens: list[torch.Tensor] = []
-        logps: list[torch.Tensor] = []
-        for t in range(horizon):
-            if self.temperature == 0:
-                logp = torch.log_softmax(logits, dim=-1)
-                token = logits.argmax(dim=-1)
+        prompts = [list(p) for p in prompts]
+        slots = self._assign_slots(keys, max(len(p) for p in prompts) + max(limits) + 64)
+        logits = self._prefill(prompts, slots)
+        turn = _Turn(self, prompts, limits, closers)
+        fed = {i: (logits[i : i + 1], []) for i in range(len(prompts))}  # row: logits of its fed positions, guesses
+        while fed:
+            feed = {}
+            for i, (tokens, logps) in turn.draw(fed).items():
+                pending = turn.accept(i, tokens, logps, fed[i][1])
+                if pending is not None:
+                    feed[i] = [pending] + turn.guess(i)
+            fed = self._feed(feed, slots, turn) if feed else {}
+        result = turn.result()
+        # Each slot now holds its prompt and the ids fed back (all but the last: a stop id or the cap's).
+        for i, (key, slot, (ids, _, _)) in enumerate(zip(keys, slots, result, strict=True)):
+            if key is None:
+                self._release_slot(slot)
             else:
-                logp = torch.log_softmax(logits / self.temperature, dim=-1)
-                token = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
-            was_done = done
-            tokens.append(torch.where(done, torch.full_like(token, -1), token))
-            logps.append(logp.gather(-1, token[:, None]).squeeze(-1))
-            done = done | torch.isin(token, stop)
-            if watch:
-                values, ended = token.tolist(), was_done.tolist()
-                for i in watch:
-                    if not ended[i] and not closed[i] and values[i] not in self.stop_ids:
-                        tails[i] = (tails[i] + self.tokenizer.decode([values[i]], skip_special_tokens=False))[-64:]
-                        closed[i] = any(c in tails[i] for c in closers[i])
-                if any(closed):
-                    done = done | torch.tensor(closed, device=self.device)
-            done = done | (t + 1 >= limit)
-            if bool(done.all()) or t + 1 == horizon:
-                break
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
-            out = self._forward(token[:, None], mask, next_position[:, None], cache)
-            cache, logits = out.past_key_values, out.logits[:, -1].float()
-            next_position = next_position + 1
-        table = torch.stack(tokens, dim=1).tolist()
-        lp_table = torch.stack(logps, dim=1).tolist()
-        stop_set = set(self.stop_ids)
-        result = []
-        for i, (row, lps) in enumerate(zip(table, lp_table, strict=True)):
-            ids: list[int] = []
-            values: list[float] = []
-            finish = "length"
-            for token, lp in zip(row, lps, strict=True):
-                if token < 0:
-                    break
-                ids.append(int(token))
-                values.append(float(lp))
-                if token in stop_set:
-                    finish = "stop"
-                    break
-                if len(ids) >= limits[i]:
-                    break
-            if finish == "length" and closed[i]:
-                finish = "action"
-            result.append((ids, values, finish))
-        self._keep_prefixes(prompts, keys, result, cache, mask)
+                self._held[slot] = prompts[i] + ids[:-1]
+                self._cache.lengths[slot] = len(self._held[slot])
         return result
 
-    def _reusable(self, prompt: Sequence[int], key: str | None) -> tuple[int, Any]:
-        """(tokens of `prompt` whose keys/values this episode's cache holds, the cache entry)."""
-        entry = self._prefixes.get(key) if key is not None else None
-        if entry is None:
-            return 0, None
-        ids, _ = entry
-        n = 0
-        limit = min(len(ids), len(prompt) - 1)  # at least one prompt token is run, for the next-token logits
-        while n < limit and ids[n] == prompt[n]:
-            n += 1
-        return n, entry
+    def _feed(self, feed: dict[int, list[int]], slots: list[int], turn: _Turn) -> dict:
+        """One forward of each row's drawn token and guesses at its slot's next positions; returns per row
+        the logits after each of them and its guesses."""
+        rows = list(feed)
+        width = max(len(feed[i]) for i in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        positions = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, i in enumerate(rows):
+            n = len(feed[i])
+            input_ids[r, width - n:] = torch.tensor(feed[i], dtype=torch.long)
+            positions[r, width - n:] = torch.arange(turn.position[i], turn.position[i] + n)
+        counts = [len(feed[i]) for i in rows]
+        flat = self._cache.forward(self.model, input_ids.to(self.device), positions.to(self.device),
+                                   [slots[i] for i in rows], [turn.position[i] for i in rows], counts,
+                                   every_position=True).float()
+        self.stats["decode_rows"] += len(rows)
+        self.stats["guessed_tokens"] += sum(counts) - len(rows)
+        out, at = {}, 0
+        for i, n in zip(rows, counts, strict=True):
+            out[i] = (flat[at : at + n], feed[i][1:])
+            turn.position[i] += 1  # the drawn token; `accept` adds the guesses that hold
+            at += n
+        return out
 
-    def _past_cache(self, reused: list[tuple[int, Any]], past: int):
-        """A DynamicCache holding each row's reused prefix, left-padded to `past` positions."""
-        from transformers import DynamicCache
+    # -- slots: where each episode's keys and values live ------------------------------------
 
-        layers = []
-        template = next(entry for n, entry in reused if n)[1]
-        for layer, (k0, v0) in enumerate(template):
-            keys = k0.new_zeros((len(reused), k0.shape[0], past, k0.shape[2]))
-            values = v0.new_zeros((len(reused), v0.shape[0], past, v0.shape[2]))
-            for i, (n, entry) in enumerate(reused):
-                if n:
-                    k, v = entry[1][layer]
-                    keys[i, :, past - n :] = k[:, :n]
-                    values[i, :, past - n :] = v[:, :n]
-            layers.append((keys, values))
-        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
-
-    def _keep_prefixes(self, prompts, keys, result, cache, mask) -> None:
-        """Keep, per episode, the keys/values of its prompt and generated tokens for its next turn."""
-        if not self.reuse_prefix or cache is None:
-            return
-        layers = getattr(cache, "layers", None)
-        if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
-            self.reuse_prefix = False  # sliding-window or other caches: no reuse
-            return
-        if layers[0].keys.shape[-2] != mask.shape[1]:
-            return
-        for i, (prompt, key, (ids, _, _)) in enumerate(zip(prompts, keys, result, strict=True)):
-            if key is None:
+    def _assign_slots(self, keys: list[str | None], capacity: int) -> list[int]:
+        """The slot of each row: its episode's, or a free one (a row without an episode gets one for this
+        call only)."""
+        if self._cache is None:
+            self._cache = SlotCache(0, capacity)
+        missing = sum(1 for key in keys if key is None or key not in self._slot_of) - len(self._free)
+        if missing > 0:
+            first = self._cache.slots
+            self._cache.add_slots(max(missing, self._cache.slots // 2))
+            self._free += range(first, self._cache.slots)
+        slots = []
+        for key in keys:
+            if key is not None and key in self._slot_of:
+                slots.append(self._slot_of[key])
                 continue
-            held = list(prompt) + ids[:-1]  # the last sampled id (stop or capped) was never fed
-            positions = mask[i].nonzero().squeeze(1)[: len(held)]
-            if positions.numel() < len(held):
-                held = held[: positions.numel()]
-            self._prefixes[key] = (
-                held,
-                [(layer.keys[i][:, positions].clone(), layer.values[i][:, positions].clone()) for layer in layers],
-            )
+            slot = self._free.pop(0)
+            self._held.pop(slot, None)
+            if key is not None:
+                self._slot_of[key] = slot
+            slots.append(slot)
+        return slots
 
-    def _forward(self, input_ids, mask, positions, cache, *, prefill: bool = False):
-        kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        if cache is not None:
-            kwargs["past_key_values"] = cache
-        from trainer.forward import masked_attention  # SDPA with grouped key/value heads on the CPU
+    def _release_slot(self, slot: int) -> None:
+        self._held.pop(slot, None)
+        self._cache.lengths[slot] = 0
+        self._free.append(slot)
 
-        with masked_attention(self.model):
-            if prefill:  # logits of the last position only
-                try:
-                    return self.model(**kwargs, logits_to_keep=1)
-                except TypeError:  # a model without logits_to_keep
-                    pass
-            return self.model(**kwargs)
+    def end_rollout(self) -> None:
+        """Forget every episode's context and free the keys and values (the rollout loop calls this when a
+        rollout ends, so they do not outlive it)."""
+        self._contexts.clear()
+        self._slot_of.clear()
+        self._held.clear()
+        self._free = []
+        self._cache = None
+
+    def cache_bytes(self) -> int:
+        """Bytes of keys and values the agent holds for the episodes it is playing (0 between rollouts)."""
+        return 0 if self._cache is None else self._cache.nbytes()
+
+    def _reusable(self, prompt: list[int], slot: int) -> int:
+        """How many leading ids of `prompt` the slot holds keys and values for (at least one prompt token
+        is left to run, for the next-token logits)."""
+        held = self._held.get(slot) if self.reuse_prefix else None
+        if not held:
+            return 0
+        n, limit = 0, min(len(held), len(prompt) - 1)
+        while n < limit and held[n] == prompt[n]:
+            n += 1
+        return n
+
+    def _prefill(self, prompts: list[list[int]], slots: list[int]):
+        """Run what each row's slot does not hold yet (steps 1-3 of `_decode`); returns [rows, vocab]
+        next-token logits (float32)."""
+        reused = [self._reusable(p, slot) for p, slot in zip(prompts, slots, strict=True)]
+        new = [i for i, n in enumerate(reused) if n == 0]
+        if self.reuse_prefix and len(new) >= 2:  # 2. the new rows' common start, once
+            shared = _common_prefix([prompts[i] for i in new])
+            if shared >= 2:
+                first = slots[new[0]]
+                self._cache.forward(self.model, torch.tensor([prompts[new[0]][:shared]], device=self.device),
+                                    torch.arange(shared, device=self.device)[None], [first], [0], [shared],
+                                    logits=False)
+                self._cache.copy_positions(first, [slots[i] for i in new[1:]], 0, shared)
+                self.stats["prefill_tokens"] += shared
+                for i in new:
+                    reused[i] = shared
+        # 3. one representative per (prompt, reused part)
+        first_of: dict = {}
+        rep = [first_of.setdefault((tuple(p), n) if self.reuse_prefix else i, i)
+               for i, (p, n) in enumerate(zip(prompts, reused, strict=True))]
+        runs = sorted(set(rep))
+        fresh = [prompts[i][reused[i]:] for i in runs]
+        width = max(len(f) for f in fresh)
+        input_ids = torch.full((len(runs), width), self.pad_id, dtype=torch.long)
+        positions = torch.zeros((len(runs), width), dtype=torch.long)
+        for r, (i, f) in enumerate(zip(runs, fresh, strict=True)):
+            input_ids[r, width - len(f):] = torch.tensor(f, dtype=torch.long)
+            positions[r, width - len(f):] = torch.arange(reused[i], reused[i] + len(f))
+        logits = self._cache.forward(self.model, input_ids.to(self.device), positions.to(self.device),
+                                     [slots[i] for i in runs], [reused[i] for i in runs],
+                                     [len(f) for f in fresh]).float()
+        self.stats["prefill_tokens"] += len(runs) * width
+        for i, r in enumerate(rep):
+            if r != i:
+                self._cache.copy_positions(slots[r], [slots[i]], reused[i], len(prompts[i]))
+        return logits[torch.tensor([runs.index(r) for r in rep], device=self.device)]
 
     # -- bookkeeping ------------------------------------------------------------------------
 
     @staticmethod
     def _zero_stats() -> dict[str, float]:
-        return {"calls": 0, "prompts": 0, "prompt_tokens": 0, "prefill_tokens": 0, "new_tokens": 0, "capped_turns": 0,
-                "closed_turns": 0, "seconds": 0.0}
+        return {"calls": 0, "prompts": 0, "prompt_tokens": 0, "prefill_tokens": 0, "decode_rows": 0,
+                "guessed_tokens": 0, "accepted_guesses": 0, "new_tokens": 0, "capped_turns": 0, "closed_turns": 0,
+                "seconds": 0.0}
 
     def pop_stats(self) -> dict[str, float]:
         """The counters since the last call, reset to zero."""
@@ -412,3 +433,140 @@ class HFPolicyAgent:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
+
+
+def _common_prefix(sequences: list[list[int]]) -> int:
+    """The length of the longest common prefix of `sequences`, leaving each at least one id after it."""
+    limit = min(len(s) for s in sequences) - 1
+    first = sequences[0]
+    n = 0
+    while n < limit and all(s[n] == first[n] for s in sequences):
+        n += 1
+    return n
+
+
+class _Lookup:
+    """A row's context and turn so far, indexed by its bigrams and trigrams: the guess after the row's last
+    tokens is what followed their latest earlier occurrence (prompt lookup)."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = list(ids)
+        self.after: dict[tuple[int, ...], int] = {}
+        for end in range(1, len(self.ids)):
+            self._index(end)
+
+    def _index(self, end: int) -> None:  # the n-grams that end just before `end`, which ids[end] follows
+        for n in (2, 3):
+            if end >= n:
+                self.after[tuple(self.ids[end - n : end])] = end
+
+    def append(self, token: int) -> None:
+        self.ids.append(token)
+        self._index(len(self.ids) - 1)
+
+    def guess(self, k: int, stop: set[int]) -> list[int]:
+        for n in (3, 2):
+            at = self.after.get(tuple(self.ids[-n:])) if len(self.ids) > n else None
+            if at is not None:
+                out = []
+                for token in self.ids[at : at + k]:
+                    if token in stop:
+                        break
+                    out.append(token)
+                return out
+        return []
+
+
+class _Turn:
+    """The turn a batch of rows is writing: what each row drew, when it stops, and the draws.
+
+    A draw is the one-token loop's: at temperature T > 0 the k-th token of row i is
+    argmax(softmax(logits / T) / E[k][i]), E[k] a [rows, vocab] block of Exp(1) draws from the agent's
+    generator (what `torch.multinomial(probs, 1)` computes), the k-th block for the k-th token of every
+    row; at T = 0 it is argmax(logits). Blocks are drawn in order as rows reach them, and when the turn
+    ends the generator is left as the one-token loop leaves it (after the block of the longest row's last
+    token), so a guess changes neither the ids nor the draws of later turns: only how many forwards
+    compute them.
+    """
+
+    def __init__(self, agent: HFPolicyAgent, prompts: list[list[int]], limits: list[int],
+                 closers: list[tuple[str, ...]]) -> None:
+        self.agent, self.limits, self.closers = agent, limits, closers
+        self.stop = set(agent.stop_ids)
+        rows = len(prompts)
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
+        self.logps: list[list[float]] = [[] for _ in range(rows)]
+        self.finish = ["length"] * rows
+        self.tails = [""] * rows  # the end of each row's text, to spot a closing tag
+        self.position = [len(p) for p in prompts]  # positions the row's slot holds
+        self.lookups = [_Lookup(p) for p in prompts] if agent.draft_tokens else None
+        self.blocks: dict[int, Any] = {}
+        self.states: list[Any] = []  # the generator's state after each block
+
+    def draw(self, fed: dict) -> dict[int, tuple[list[int], list[float]]]:
+        """Per row, the token drawn after each of its fed positions (as if they all held) and its log-prob."""
+        rows = list(fed)
+        logits = torch.cat([fed[i][0] for i in rows])
+        if self.agent.temperature == 0:
+            logp = torch.log_softmax(logits, dim=-1)
+            token = logits.argmax(dim=-1)
+        else:
+            logp = torch.log_softmax(logits / self.agent.temperature, dim=-1)
+            index = [(len(self.ids[i]) + j, i) for i in rows for j in range(fed[i][0].shape[0])]
+            noise = torch.stack([self._block(k, logits.shape[-1])[i] for k, i in index])
+            token = (logp.exp() / noise).argmax(dim=-1)
+        picked = logp.gather(-1, token[:, None]).squeeze(-1)
+        tokens, logps = token.tolist(), picked.tolist()
+        out, at = {}, 0
+        for i in rows:
+            n = fed[i][0].shape[0]
+            out[i] = (tokens[at : at + n], logps[at : at + n])
+            at += n
+        return out
+
+    def _block(self, k: int, vocab: int):
+        while len(self.states) <= k:  # the one-token loop's draw for its step len(self.states)
+            block = torch.empty((len(self.ids), vocab), dtype=torch.float32, device=self.agent.device)
+            self.blocks[len(self.states)] = block.exponential_(1, generator=self.agent.generator)
+            self.states.append(self.agent.generator.get_state())
+        return self.blocks[k]
+
+    def accept(self, i: int, tokens: list[int], logps: list[float], guesses: list[int]) -> int | None:
+        """Take row i's draws in order while each follows a position that held (the guess before it was
+        drawn); returns the last draw (to feed next), or None when the row ended."""
+        for j, (token, lp) in enumerate(zip(tokens, logps, strict=True)):
+            if self._record(i, token, lp):
+                return None
+            if j < len(guesses) and token == guesses[j]:
+                self.position[i] += 1  # the guess at this position held: its keys and values stay
+                self.agent.stats["accepted_guesses"] += 1
+                continue
+            return token
+        raise AssertionError("a row's draws ended on a guess")  # the last position has no guess after it
+
+    def _record(self, i: int, token: int, lp: float) -> bool:
+        """Append a drawn token to row i; True when it ends the turn."""
+        self.ids[i].append(token)
+        self.logps[i].append(lp)
+        if self.lookups is not None:
+            self.lookups[i].append(token)
+        if token in self.stop:
+            self.finish[i] = "stop"
+            return True
+        if self.closers[i]:
+            self.tails[i] = (self.tails[i] + self.agent.tokenizer.decode([token], skip_special_tokens=False))[-64:]
+            if any(c in self.tails[i] for c in self.closers[i]):
+                self.finish[i] = "action"
+                return True
+        return len(self.ids[i]) >= self.limits[i]
+
+    def guess(self, i: int) -> list[int]:
+        """Up to `draft_tokens` guessed tokens after row i's last draw, within its cap."""
+        room = min(self.agent.draft_tokens, self.limits[i] - len(self.ids[i]) - 1)
+        return self.lookups[i].guess(room, self.stop) if self.lookups is not None and room > 0 else []
+
+    def result(self) -> list[tuple[list[int], list[float], str]]:
+        longest = max(len(ids) for ids in self.ids)
+        if self.states and longest:
+            self.agent.generator.set_state(self.states[longest - 1])
+        return [(ids, lps, finish) for ids, lps, finish in zip(self.ids, self.logps, self.finish, strict=True)]
