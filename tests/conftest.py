@@ -9,7 +9,7 @@
   per session into a temporary folder.
 - The example plug-in env package (tests/data/example_plugin) is put on sys.path and registered
   through its entry-point metadata, as an installed third-party package would be.
-- The contract suite (tests/test_contract.py) runs on every registered id; an env family whose envs
+- The env checker (tests/test_env_checker_on_every_env.py) runs on every registered id; an env family whose envs
   need options in tests (a server URL, a data path) provides a fixture named
   `contract_options_<family lowercased>` returning the keyword arguments for `gymnasium.make` (a dict,
   or a function `env id -> dict` where the ids of one family need different options).

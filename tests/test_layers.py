@@ -97,7 +97,7 @@ def test_the_credit_core_imports_only_torch_numpy_and_itself():
 
 @pytest.mark.parametrize(
     "module,target,allowed",
-    [("trainer.rows", "environments.alfworld", False), ("agentgym_opsd.core", "agentgym_opsd.app.cli", False),
+    [("trainer.rows", "environments.alfworld", False), ("agentgym_opsd.contract", "agentgym_opsd.app.cli", False),
      ("agentgym_opsd.app.demo", "trainer.local", True), ("environments.searchqa.env", "retrieval_index.client", True),
      ("retrieval_index.cli", "agentgym_opsd.usage", True), ("environments.webshop", "trainer.teacher", False)],
 )

@@ -19,7 +19,7 @@ import gymnasium as gym
 
 from agentgym_opsd.agents import AgentError
 from agentgym_opsd.app.cli_agents import CPU_THREADS_HELP, build_agent, check_agent
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.episode import append_episodes, load_episodes
 from agentgym_opsd.io import DataFileError, atomic_write_json
 from agentgym_opsd.registry import (

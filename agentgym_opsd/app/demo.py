@@ -161,7 +161,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
     families = {e.family for e in agentgym_opsd.registered_envs()}
     missing = {"ALFWorld", "SearchQA"} - families
     if missing:
-        from agentgym_opsd.core import EnvUnavailable
+        from agentgym_opsd.contract import EnvUnavailable
 
         raise EnvUnavailable(
             f"the demo needs the {', '.join(sorted(missing))} envs, which are not installed here (pip install -e .)")

@@ -31,7 +31,7 @@ def import_alfworld(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        from agentgym_opsd.core import EnvUnavailable
+        from agentgym_opsd.contract import EnvUnavailable
 
         raise EnvUnavailable(
             f"ALFWorld needs the `alfworld` package ({e}): pip install alfworld==0.4.2 textworld==1.7.0 "
@@ -45,7 +45,7 @@ def alfworld_package_dir() -> Path:
 
     spec = importlib.util.find_spec("alfworld")
     if spec is None or not spec.submodule_search_locations:
-        from agentgym_opsd.core import EnvUnavailable
+        from agentgym_opsd.contract import EnvUnavailable
 
         raise EnvUnavailable("ALFWorld needs the `alfworld` package: pip install alfworld==0.4.2 textworld==1.7.0")
     return Path(list(spec.submodule_search_locations)[0])

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym_opsd.core import EnvUnavailable, Hindsight, TextEnv, Transition, hash_state
+from agentgym_opsd.contract import EnvUnavailable, Hindsight, TextEnv, Transition, hash_state
 from agentgym_opsd.io import DataFileError
 from agentgym_opsd.parsing import ParsedAction
 from environments.searchqa.data import DATASETS, QAExample, default_data_file, load_questions

@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.paths import cache_dir
 from environments.webshop.catalog import Catalog
 

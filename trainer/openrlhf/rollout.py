@@ -36,7 +36,7 @@ import torch
 
 import agentgym_opsd
 from agentgym_opsd.context import ContextPolicy
-from agentgym_opsd.core import Hindsight, StepInfo
+from agentgym_opsd.contract import Hindsight, StepInfo
 from agentgym_opsd.episode import Episode, Turn
 from trainer.chat import ChatFraming, framing_for, token_range
 from trainer.openrlhf.config import BridgeConfig, TaskLabel

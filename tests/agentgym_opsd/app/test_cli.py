@@ -139,7 +139,7 @@ def test_play_reads_turns_from_stdin_and_takes_a_bare_command_in_every_env() -> 
 
 def test_play_wraps_bare_commands_in_the_envs_own_tag() -> None:
     from agentgym_opsd.app.cli import as_played_turn
-    from agentgym_opsd.core import TextEnv
+    from agentgym_opsd.contract import TextEnv
 
     class Search(TextEnv):
         action_tags = ("search", "answer")
