@@ -1,7 +1,7 @@
 """What command lines of any folder share: one-line user errors and `KEY=VALUE` options.
 
 A command's `add_parser(subparsers)` function (trainer, retrieval index, env families: the app's
-command table `agentgym_opsd.app.cli.COMMANDS` names them) raises `UsageError` for a user's mistake;
+command table `agentgym_app.cli.COMMANDS` names them) raises `UsageError` for a user's mistake;
 the app prints it as one line and exits with status 2. `parse_options` reads `--option KEY=VALUE`
 pairs, `make_env_factory` checks an env's options before a run starts.
 """

@@ -222,7 +222,7 @@ def serve_policy_process(model: Path):
     import subprocess
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "serve-policy", "--model", str(model), "--port", "0",
+        [sys.executable, "-m", "agentgym_app.cli", "serve-policy", "--model", str(model), "--port", "0",
          "--name", "tiny", "--torch-threads", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )

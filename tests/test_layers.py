@@ -1,6 +1,6 @@
 """The layers of the code, as the README's layout section draws them, held against every import.
 
-    app          agentgym_opsd/app        wires everything together (CLI, bench, report, demo, ...)
+    app          agentgym_app/            wires everything together (CLI, bench, report, demo, ...)
     trainer      trainer/                 credit, rows, teacher, local trainer, OpenRLHF bridge
     envs         environments/            one package per env family
     retrieval    retrieval_index/         Lucene index, Flask server, client (a library)
@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-OURS = ("agentgym_opsd", "environments", "retrieval_index", "trainer")
+OURS = ("agentgym_app", "agentgym_opsd", "environments", "retrieval_index", "trainer")
 
 
 def layer(module: str) -> str | None:
     """The layer of one of our modules, or None for a third-party or standard module."""
-    if module == "agentgym_opsd.app" or module.startswith("agentgym_opsd.app."):
+    if module == "agentgym_app" or module.startswith("agentgym_app."):
         return "app"
     top = module.split(".")[0]
     return {"agentgym_opsd": "contract", "environments": "envs", "retrieval_index": "retrieval",
@@ -97,8 +97,8 @@ def test_the_credit_core_imports_only_torch_numpy_and_itself():
 
 @pytest.mark.parametrize(
     "module,target,allowed",
-    [("trainer.rows", "environments.alfworld", False), ("agentgym_opsd.contract", "agentgym_opsd.app.cli", False),
-     ("agentgym_opsd.app.demo", "trainer.local", True), ("environments.searchqa.env", "retrieval_index.client", True),
+    [("trainer.rows", "environments.alfworld", False), ("agentgym_opsd.contract", "agentgym_app.cli", False),
+     ("agentgym_app.demo", "trainer.local", True), ("environments.searchqa.env", "retrieval_index.client", True),
      ("retrieval_index.cli", "agentgym_opsd.usage", True), ("environments.webshop", "trainer.teacher", False)],
 )
 def test_the_rules_themselves(module, target, allowed):

@@ -10,7 +10,7 @@ and `beyond_auc` score them, one value per row of bootstrap counts (`resample_co
 sample itself), and `interval` gives the point value with its 95% interval.
 
 Used by `benchmarks/credit_quality.py` (every method, every family) and by the demo's reading-teacher
-section (`agentgym_opsd.app.reading_teacher`).
+section (`agentgym_app.reading_teacher`).
 """
 
 from __future__ import annotations

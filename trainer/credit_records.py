@@ -3,7 +3,7 @@
 The local trainer writes, for each episode it updated on, what its credit method gave each turn
 (`update_credit_records`, from the `CreditParts` of the very `compute_advantages` call whose
 advantages the update used), to `credit.jsonl` in its run folder. The report reads them
-(`agentgym_opsd.app.report`); nothing recomputes them.
+(`agentgym_app.report`); nothing recomputes them.
 It lives in `Episode.meta["credit"]` (saved with the episode in its JSONL), keyed by method:
 
     episode.meta["credit"] = {

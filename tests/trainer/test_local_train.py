@@ -11,7 +11,7 @@ import torch
 
 import trainer.credit as credit_core
 from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
-from agentgym_opsd.app.cli import main
+from agentgym_app.cli import main
 from agentgym_opsd.io import read_jsonl
 from trainer.local import LocalTrainer, TrainConfig, TrainError
 from trainer.loss import clipped_pg_loss, micro_batches

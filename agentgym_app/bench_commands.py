@@ -1,4 +1,4 @@
-"""CLI commands `bench`, `report`, `serve-policy` and `demo` (registered in `agentgym_opsd.app.cli.COMMANDS`).
+"""CLI commands `bench`, `report`, `serve-policy` and `demo` (registered in `agentgym_app.cli.COMMANDS`).
 
 This module stays light: each command imports what it needs when it runs.
 """
@@ -24,8 +24,8 @@ def _cli_error(message: str) -> Exception:
 def _cmd_bench(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from agentgym_opsd.app.bench import run_bench
-    from agentgym_opsd.app.bench_config import ConfigError, load_config
+    from agentgym_app.bench import run_bench
+    from agentgym_app.bench_config import ConfigError, load_config
 
     try:
         config = load_config(args.config, data_root=args.data_root)
@@ -36,7 +36,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise _cli_error("--workers must be >= 0")
         config = dataclasses.replace(config, workers=args.workers)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    from agentgym_opsd.app.cli_agents import build_agent
+    from agentgym_app.cli_agents import build_agent
 
     if args.cpu_threads is not None and args.cpu_threads < 0:
         raise _cli_error(f"--cpu-threads must be >= 0, got {args.cpu_threads}")
@@ -62,7 +62,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="run agents x envs x splits x seeds from a TOML/YAML config; resumable; tables, charts, HTML report",
-        description="Run a benchmark config (see agentgym_opsd/app/bench_config.py for the format). Running it "
+        description="Run a benchmark config (see agentgym_app/bench_config.py for the format). Running it "
                     "again on the "
         "same --out resumes: finished episodes are kept.",
     )
@@ -73,7 +73,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", help="folder the config's data paths (data_file, catalog, index_dir, ...) are read "
                                        "from and may not leave (default: the config's folder)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
-    from agentgym_opsd.app.cli_agents import CPU_THREADS_HELP
+    from agentgym_app.cli_agents import CPU_THREADS_HELP
 
     p.add_argument("--cpu-threads", type=int, metavar="N", help=CPU_THREADS_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -87,7 +87,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     import json
 
-    from agentgym_opsd.app.report import write_report
+    from agentgym_app.report import write_report
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -95,8 +95,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     config_path = run_dir / "config.json"
     if config_path.exists() and (run_dir / "episodes.jsonl").exists():
         # A bench folder: rebuild its results, tables and charts from the episodes first.
-        from agentgym_opsd.app.bench import write_results
-        from agentgym_opsd.app.bench_config import BenchConfig
+        from agentgym_app.bench import write_results
+        from agentgym_app.bench_config import BenchConfig
 
         config = BenchConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8"))["config"])
         write_results(run_dir, config, report=False)
@@ -117,7 +117,7 @@ def add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_serve_policy(args: argparse.Namespace) -> int:
-    from agentgym_opsd.app.serve_policy import serve
+    from agentgym_app.serve_policy import serve
 
     serve(
         args.model,
@@ -155,7 +155,7 @@ def add_serve_policy(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from agentgym_opsd.app.demo import run_demo
+    from agentgym_app.demo import run_demo
 
     run_demo(Path(args.out), quick=args.quick)
     return 0

@@ -13,7 +13,7 @@ import pytest
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, run_episodes
 from agentgym_opsd.agents import ExpertAgent, RandomAgent
-from agentgym_opsd.app.report import check_credit, load_run
+from agentgym_app.report import check_credit, load_run
 from agentgym_opsd.episode import save_episodes
 from agentgym_opsd.io import append_jsonl
 
@@ -155,7 +155,7 @@ def test_the_local_trainer_records_what_each_update_used(tmp_path, method):
     """credit.jsonl holds, per update and episode, the credit of the advantages that update trained on."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "trainer"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer"))
     from test_local_train import config
 
     from agentgym_opsd.io import read_jsonl

@@ -12,7 +12,7 @@
    means something), on the six ALFWorld subsets and on Search-QA.
 5. A teacher that reads: the real model (`smollm2-135m`, no warm start) as its own teacher on a few Pick
    episodes of the expert with detours, their StepOPSD and AgentOPSD credit and its AUC
-   (`agentgym_opsd.app.reading_teacher`; skipped, with the install line in the report, without the
+   (`agentgym_app.reading_teacher`; skipped, with the install line in the report, without the
    model's wheel; its forwards run on one thread, reused by a second demo).
 6. Write one HTML report (tables, charts, training curves, trajectories with their credit) and say
    where it is; its header says what the tiny policies are, what their held-out row shows and where
@@ -149,9 +149,9 @@ class _Stages:
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool = True) -> Path:
     """Run the demo into `out`; returns the report's path."""
     import agentgym_opsd
-    from agentgym_opsd.app.bench import run_bench
-    from agentgym_opsd.app.bench_config import config_from_dict
-    from agentgym_opsd.app.report import write_report
+    from agentgym_app.bench import run_bench
+    from agentgym_app.bench_config import config_from_dict
+    from agentgym_app.report import write_report
     from agentgym_opsd.io import atomic_write_json
 
     settings = DemoSettings.quick() if quick else DemoSettings()
@@ -224,7 +224,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
         finally:
             server.stop()
         stages.start("reading teacher")
-        from agentgym_opsd.app.reading_teacher import FOLDER, ReadingTeacherSettings, run_reading_teacher
+        from agentgym_app.reading_teacher import FOLDER, ReadingTeacherSettings, run_reading_teacher
 
         run_reading_teacher(out / FOLDER, pick, ReadingTeacherSettings(
             tasks=settings.teacher_tasks, group_size=settings.teacher_group, max_turns=settings.teacher_max_turns),

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 import gymnasium as gym
 
 from agentgym_opsd.agents import AgentError
-from agentgym_opsd.app.cli_agents import CPU_THREADS_HELP, build_agent, check_agent
+from agentgym_app.cli_agents import CPU_THREADS_HELP, build_agent, check_agent
 from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.episode import append_episodes, load_episodes
 from agentgym_opsd.io import DataFileError, atomic_write_json
@@ -41,10 +41,10 @@ COMMANDS: dict[str, str] = {
     "searchqa-data": "environments.searchqa.fetch:add_parser",
     "train-openrlhf": "trainer.openrlhf.cli:add_train_parser",
     "openrlhf-prompts": "trainer.openrlhf.cli:add_prompts_parser",
-    "bench": "agentgym_opsd.app.bench_commands:add_bench",
-    "report": "agentgym_opsd.app.bench_commands:add_report",
-    "serve-policy": "agentgym_opsd.app.bench_commands:add_serve_policy",
-    "demo": "agentgym_opsd.app.bench_commands:add_demo",
+    "bench": "agentgym_app.bench_commands:add_bench",
+    "report": "agentgym_app.bench_commands:add_report",
+    "serve-policy": "agentgym_app.bench_commands:add_serve_policy",
+    "demo": "agentgym_app.bench_commands:add_demo",
     "train": "trainer.train_cli:add_parser",
 }
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 import agentgym_opsd
-from agentgym_opsd.app.bench import run_bench
-from agentgym_opsd.app.bench_config import ConfigError, config_from_dict, load_config
-from agentgym_opsd.app.cli import main
+from agentgym_app.bench import run_bench
+from agentgym_app.bench_config import ConfigError, config_from_dict, load_config
+from agentgym_app.cli import main
 from agentgym_opsd.episode import load_episodes
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 PLUGINS = [REPO / "tests" / "data" / "example_plugin", REPO / "tests" / "data" / "bench_plugin"]
 
 CONFIG = """\
@@ -57,7 +57,7 @@ def _env() -> dict[str, str]:
 
 def _bench(config: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet",
+        [sys.executable, "-m", "agentgym_app.cli", "bench", str(config), "--out", str(out), "--quiet",
          "--no-report"],
         env=_env(),
         stdout=subprocess.PIPE,
@@ -306,7 +306,7 @@ def test_run_seeds_play_different_tasks_and_replays_count_once_in_the_interval(t
 def test_a_bad_env_option_in_a_bench_config_is_one_line(tmp_path, options, message):
     config = tmp_path / "c.toml"
     config.write_text(f'agents = ["expert"]\n[[envs]]\nid = "benchtest/Tally-Small-v0"\noptions = {options}\n')
-    run = subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "bench", "c.toml", "--out",
+    run = subprocess.run([sys.executable, "-m", "agentgym_app.cli", "bench", "c.toml", "--out",
                           str(tmp_path / "out"), "--quiet"],
                          env=_env(), check=False, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 2
@@ -321,7 +321,7 @@ def test_ctrl_c_stops_a_bench_quietly_and_says_how_to_resume(tmp_path):
                       "options = { delay = 0.05 }\n")
     out = tmp_path / "run"
     bench = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet",
+        [sys.executable, "-m", "agentgym_app.cli", "bench", str(config), "--out", str(out), "--quiet",
          "--no-report"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT,

@@ -2,7 +2,7 @@
 plots and an HTML report.
 
 The config (TOML or YAML: agents, envs, splits, seeds, episodes, workers, a headline) is read and
-checked by `agentgym_opsd.app.bench_config`, which documents its format.
+checked by `agentgym_app.bench_config`, which documents its format.
 
 Episode i of run seed s, on an env with n tasks and N episodes, plays task (i + s N) mod n (see
 `task_index`) with reset seed i + 1_000_000 s, by an agent built with seed s; its key is (agent,
@@ -20,7 +20,7 @@ it stopped (it prints `resuming: 110 of 240 episodes done`). Then the run folder
 - `plots/<family>-<subset>.png`: success per agent with its interval, one chart per subset that
   says something (not when every agent but the expert won nothing: the table has those rows), and
   `plots/headline.png`, the headline's chart, full width.
-- `report.html`: everything above plus a trajectory viewer (`agentgym_opsd.app.report`).
+- `report.html`: everything above plus a trajectory viewer (`agentgym_app.report`).
 - `run.json`: timings and versions (what may differ between runs).
 """
 
@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.app.bench_config import AgentSpec, BenchConfig, ConfigError, EnvSpec, Headline
-from agentgym_opsd.app.results import COUNTING_NOTE, chart_groups, markdown_tables, result_row, says_something
+from agentgym_app.bench_config import AgentSpec, BenchConfig, ConfigError, EnvSpec, Headline
+from agentgym_app.results import COUNTING_NOTE, chart_groups, markdown_tables, result_row, says_something
 from agentgym_opsd.episode import Episode, append_episodes, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from agentgym_opsd.registry import entry
@@ -193,7 +193,7 @@ def _check_agents(config: BenchConfig) -> None:
     """Every agent's name checked without loading a model (`check_agent`): a wrong one is a
     ConfigError before the envs are built and before the other agents play."""
     from agentgym_opsd.agents import AgentError
-    from agentgym_opsd.app.cli_agents import check_agent
+    from agentgym_app.cli_agents import check_agent
 
     for spec in config.agents:
         try:
@@ -307,7 +307,7 @@ def plot_results(results: dict[str, Any], out_dir: Path, headline: Headline | No
     not when every agent but the expert won nothing), a bar per agent and split with its 95% interval;
     and `headline.png`, the headline's env and split across the full width. Charts of an earlier write
     that this one does not draw are removed."""
-    from agentgym_opsd.app.charts import success_chart_png
+    from agentgym_app.charts import success_chart_png
 
     out_dir.mkdir(parents=True, exist_ok=True)
     charts: dict[str, bytes] = {}
@@ -374,7 +374,7 @@ def write_results(
                       f"# {config.name}\n\n" + "\n".join(tables.values()) + "\n" + COUNTING_NOTE + "\n")
     plot_results(results, run_dir / "plots", config.headline)
     if report:
-        from agentgym_opsd.app.report import write_report
+        from agentgym_app.report import write_report
 
         write_report(run_dir)
     return results

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.app.cli import main
+from agentgym_app.cli import main
 from agentgym_opsd.usage import UsageError, format_option, parse_options
 
-EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "data" / "example_plugin"
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "data" / "example_plugin"
 
 
 def run_cli(*args: str, input: str | None = None, columns: int | None = None) -> subprocess.CompletedProcess:
@@ -138,7 +138,7 @@ def test_play_reads_turns_from_stdin_and_takes_a_bare_command_in_every_env() -> 
 
 
 def test_play_wraps_bare_commands_in_the_envs_own_tag() -> None:
-    from agentgym_opsd.app.cli import as_played_turn
+    from agentgym_app.cli import as_played_turn
     from agentgym_opsd.contract import TextEnv
 
     class Search(TextEnv):

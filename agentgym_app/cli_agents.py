@@ -17,7 +17,7 @@ def check_agent(name: str, *, cpu_threads: int | None = None) -> None:
         raise UsageError(f"--cpu-threads must be >= 0, got {cpu_threads}")
     prefix, sep, rest = name.partition(":")
     if sep and prefix == "hf":
-        from agentgym_opsd.app.policy_agents import check_hf_agent
+        from agentgym_app.policy_agents import check_hf_agent
 
         check_hf_agent(rest)
     elif not (sep and prefix != "openai" and prefix in agent_kinds()):

@@ -180,7 +180,7 @@ def create_app(generator: Any, *, name: str, max_new_tokens: int = 512) -> Any:
     from flask import Flask, jsonify, request
     from werkzeug.exceptions import HTTPException
 
-    app = Flask("agentgym_opsd.app.serve_policy")
+    app = Flask("agentgym_app.serve_policy")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     lock = threading.Lock()
 

@@ -1,4 +1,5 @@
-"""The application: the one place that wires envs, retrieval and the trainer together.
+"""The application: the one place that wires envs, retrieval and the trainer together (a top-level package
+of its own, beside the contract `agentgym_opsd`, which it imports like every other layer).
 
 `cli` (the `agentgym-opsd` command and its command table) and `cli_agents` (its `--agent` and
 `--cpu-threads`), `bench`, `bench_config` and `bench_commands` (benchmarking agents), `report` (tables, charts,

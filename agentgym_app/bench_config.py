@@ -1,6 +1,6 @@
 """The bench config: what `agentgym-opsd bench CONFIG` plays, read from TOML (`.toml`) or YAML
 (`.yaml`/`.yml`), checked, and normalised into a `BenchConfig` (`load_config`, `config_from_dict`).
-`agentgym_opsd.app.bench` runs it.
+`agentgym_app.bench` runs it.
 
     agents = ["expert", "random"]      # random, expert, hf:PATH, openai:BASE_URL#MODEL, or
                                        # { name = "tiny", agent = "hf:runs/x/model" } to name one
@@ -31,7 +31,7 @@ else reads only what it was given.
 `envs` may also be a list of ids. `family` stands for the family's per-subset ids (an id whose subset
 is `all` is used only when the family has no other).
 
-Which tasks a run seed plays, and what a run folder holds: `agentgym_opsd.app.bench`.
+Which tasks a run seed plays, and what a run folder holds: `agentgym_app.bench`.
 """
 
 from __future__ import annotations
