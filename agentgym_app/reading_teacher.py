@@ -4,7 +4,7 @@ The tiny policy the demo trains cannot read a hindsight block or a skill note, s
 says little about the method. Here the real model, `smollm2-135m` (SmolLM2-135M-Instruct, no warm
 start), is student and live teacher at once on a handful of ALFWorld Pick episodes of the expert with
 random detours (`trainer.warm_start.PerturbedExpert`, as `benchmarks/credit_quality.py` plays them), and
-each turn gets its StepOPSD and AgentOPSD credit (`trainer.credit_records.credit_pass`, the same steps an
+each turn gets its StepOPSD and AgentOPSD credit (`trainer.credit_pass.credit_pass`, the same steps an
 update takes). The report draws that credit as it draws the training credit (the heat map and the
 per-turn credit table of the trajectory viewer) and gives the within-episode AUC of those episodes
 (`trainer.credit_auc`, the benchmark's implementation): does the credit rank the expert's turns (the
@@ -121,7 +121,8 @@ def run_reading_teacher(folder: str | Path, env_options: dict[str, Any], setting
     import torch
 
     from trainer.credit_auc import EpisodeItems
-    from trainer.credit_records import CREDIT_KEY, credit_pass, update_credit_records
+    from trainer.credit_pass import credit_pass
+    from trainer.credit_records import CREDIT_KEY, update_credit_records
     from trainer.env_knowledge import credit_config
     from trainer.policy import load_hf_policy
     from trainer.warm_start import PerturbedExpert

@@ -57,7 +57,8 @@ def model_and_tokenizer(qwen3_tokenizer):
 @pytest.fixture(scope="module")
 def records(episodes, model_and_tokenizer):
     """One update's credit per method, as the local trainer computes and records it."""
-    from trainer.credit_records import credit_pass, update_credit_records
+    from trainer.credit_pass import credit_pass
+    from trainer.credit_records import update_credit_records
     from trainer.env_knowledge import credit_config
 
     model, tokenizer = model_and_tokenizer
