@@ -119,7 +119,7 @@ def add_prompts_parser(subparsers) -> None:
         ),
     )
     p.add_argument("--env", dest="env_id", required=True, help="registered env id (agentgym-opsd list)")
-    p.add_argument("--seeds", required=True, help="START:END (END excluded) or a comma list; seed s plays task s % N")
+    p.add_argument("--seeds", required=True, help="START:END (END excluded) or a comma list; seed s plays task s %% N")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env keyword, e.g. split=train (repeatable)")
     p.add_argument("--reset-option", action="append", metavar="KEY=VALUE", help="reset option (repeatable)")
     p.add_argument("--out", required=True, help="output .jsonl")
