@@ -1,51 +1,70 @@
 """`agentgym-opsd`: the command line.
 
-Commands of the contract live here (`list`, `play`, `eval`); the other folders add theirs through
-`COMMANDS` (each entry names a light module with an `add_parser(subparsers)` function that imports
-its heavy dependencies only when the command runs).
+`COMMANDS` is the command table: for each command, the line `agentgym-opsd --help` shows and the
+function that adds the command's arguments to its parser, named `module:function` as an entry point
+is. `main` imports the module of the command being run and no other, so `agentgym-opsd --help` and
+`list` start without torch, and each command's module imports what it needs at its top (`train` and
+`demo` load torch, for their `--help` too). That function sets `func` with `parser.set_defaults`: the
+function that runs the command and returns its exit status. A user's mistake is a `UsageError` (or
+another of `USER_ERRORS`), printed as one line with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
-import time
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import gymnasium as gym
 
 from agentgym_opsd.agents import AgentError
-from agentgym_app.cli_agents import CPU_THREADS_HELP, build_agent, check_agent
 from agentgym_opsd.contract import EnvUnavailable
-from agentgym_opsd.episode import append_episodes, load_episodes
-from agentgym_opsd.io import DataFileError, atomic_write_json
-from agentgym_opsd.registry import (
-    UnknownEnvError,
-    env_options,
-    plugin_errors,
-    registered_envs,
-)
-from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-from agentgym_opsd.summary import format_table, summarize
-from agentgym_opsd.usage import UsageError, check_env_usage, make_env_factory, parse_options
+from agentgym_opsd.io import DataFileError
+from agentgym_opsd.registry import UnknownEnvError
+from agentgym_opsd.usage import UsageError
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["COMMANDS", "Command", "USER_ERRORS", "build_parser", "main"]
 
-# name -> "module:add_parser" for commands owned by other folders.
-COMMANDS: dict[str, str] = {
-    "index": "retrieval_index.cli:add_index_parser",
-    "serve-retrieval": "retrieval_index.cli:add_serve_parser",
-    "searchqa-data": "environments.searchqa.fetch:add_parser",
-    "train-openrlhf": "trainer.openrlhf.cli:add_train_parser",
-    "openrlhf-prompts": "trainer.openrlhf.cli:add_prompts_parser",
-    "bench": "agentgym_app.bench_commands:add_bench",
-    "report": "agentgym_app.bench_commands:add_report",
-    "serve-policy": "agentgym_app.bench_commands:add_serve_policy",
-    "demo": "agentgym_app.bench_commands:add_demo",
-    "train": "trainer.train_cli:add_parser",
+
+@dataclass(frozen=True)
+class Command:
+    """One command: what `--help` says of it, and `module:function`, the function that adds its
+    arguments (and `func`) to the parser the CLI made for it."""
+
+    summary: str
+    arguments: str
+
+
+COMMANDS: dict[str, Command] = {
+    "list": Command("list the registered envs, their subsets, splits and sizes",
+                    "agentgym_app.env_commands:list_arguments"),
+    "play": Command("play an env in the terminal, seeing exactly what an agent sees (a bare command is sent in the "
+                    "env's action tag)", "agentgym_app.env_commands:play_arguments"),
+    "eval": Command("run an agent on an env and write episodes.jsonl and summary.json",
+                    "agentgym_app.env_commands:eval_arguments"),
+    "index": Command("build a Lucene BM25 index of a passage corpus (for serve-retrieval)",
+                     "retrieval_index.cli:index_arguments"),
+    "serve-retrieval": Command("serve a BM25 index over HTTP (POST /retrieve, Search-R1 compatible; GET /health)",
+                               "retrieval_index.cli:serve_arguments"),
+    "searchqa-data": Command("fetch the public Search-QA question sets and the wiki-18 corpus",
+                             "environments.searchqa.fetch:data_arguments"),
+    "train-openrlhf": Command("train on GPUs with OpenRLHF 0.11.2 (Ray + vLLM + DeepSpeed) and per-turn credit",
+                              "trainer.openrlhf.cli:train_arguments"),
+    "openrlhf-prompts": Command("write the prompt dataset OpenRLHF trains on (one row per task seed)",
+                                "trainer.openrlhf.cli:prompts_arguments"),
+    "bench": Command("run agents x envs x splits x seeds from a TOML/YAML config; resumable; tables, charts, HTML "
+                     "report", "agentgym_app.bench_commands:bench_arguments"),
+    "report": Command("rebuild the HTML report (and a bench's tables and charts) of a run folder",
+                      "agentgym_app.bench_commands:report_arguments"),
+    "serve-policy": Command("serve a local transformers model as an OpenAI-compatible /v1/chat/completions endpoint",
+                            "agentgym_app.serve_policy:serve_policy_arguments"),
+    "demo": Command("the main job on the embedded defaults: benchmark, short training, one HTML report",
+                    "agentgym_app.demo:demo_arguments"),
+    "train": Command("train a policy with per-turn credit (GRPO, GiGPO, StepOPSD, AgentOPSD) on this machine",
+                     "trainer.train_cli:train_arguments"),
 }
 
 
@@ -54,268 +73,47 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
 
-# ---------------------------------------------------------------------------------------------
-# list
+def load(target: str) -> Callable[..., Any]:
+    """The function a `module:function` name names, its module imported now."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def output_width() -> int:
-    """Columns to wrap text to: `$COLUMNS` when set, else the terminal's width, else 100 (output to a
-    file or a pipe); at least 60."""
-    import os
-    import shutil
-
-    columns = os.environ.get("COLUMNS", "").strip()
-    if columns.isdigit() and int(columns) > 0:
-        width = int(columns)
-    elif sys.stdout.isatty():
-        width = shutil.get_terminal_size((100, 24)).columns
-    else:
-        width = 100
-    return max(60, width)
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command `argv` runs: its first word that is not an option (`agentgym-opsd` itself takes
+    none but --help), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
-def _pack(items: list[str], width: int, separator: str = ", ") -> list[str]:
-    """`items` joined by `separator` into lines of at most `width` characters, breaking between items
-    (an item longer than a line is wrapped on its own)."""
-    import textwrap
-
-    lines: list[str] = []
-    for number, item in enumerate(items):
-        piece = item + (separator.rstrip() if number < len(items) - 1 else "")
-        if lines and len(lines[-1]) + 1 + len(piece) <= width:
-            lines[-1] += " " + piece
-        else:
-            lines += textwrap.wrap(piece, width, break_on_hyphens=False) or [""]
-    return lines
-
-
-def _wrap(text: str, width: int, indent: str) -> list[str]:
-    import textwrap
-
-    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
-
-
-def _cmd_list_options(env_id: str) -> int:
-    import inspect
-
-    options = env_options(env_id)
-    if options is None:
-        print(f"{env_id}: its constructor does not list its options (it takes **kwargs); see its documentation")
-        return 0
-    width = output_width()
-    lines = _wrap(f"{env_id}: options for --option KEY=VALUE (eval, play) and `options = {{...}}` (bench); each "
-                  "with its default and what it is", width, "")
-    for o in options:
-        if o.default is inspect.Parameter.empty:
-            default = "(required)"
-        else:
-            default = json.dumps(o.default, default=str)
-            if o.default is None and o.class_default is not None:
-                default += f" (the env's own: {json.dumps(o.class_default)})"
-        lines.append("")
-        lines += _wrap(f"{o.name} = {default}", width, "  ")
-        lines += _wrap(o.description or "(not documented)", width, "      ")
-    print("\n".join(lines))
-    return 0
-
-
-def _cmd_list(args: argparse.Namespace) -> int:
-    from agentgym_opsd.registry import env_description, task_count
-
-    if args.options:
-        return _cmd_list_options(args.options)
-    entries = registered_envs()
-    if not entries:
-        print("no envs registered")
-    width = output_width()
-    rows = []
-    for e in entries:
-        parts = []
-        for split in e.splits:
-            if not args.sizes:
-                parts.append(split)
-                continue
-            try:
-                size = str(task_count(e.id, split))
-            except Exception as err:  # data missing: say so, keep listing
-                size = f"n/a: {str(err).splitlines()[0][:60] if str(err).strip() else type(err).__name__}"
-            parts.append(f"{split} ({size})")
-        rows.append((e.id, e.family, e.subset, parts, env_description(e.id)))
-    head = ("id", "family", "subset", "splits (tasks)" if args.sizes else "splits")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(3)]
-    left = sum(widths) + 2 * len(widths)
-    lines = ["  ".join(c.ljust(w) for c, w in zip(head[:3], widths, strict=True)) + "  " + head[3]]
-    for env_id, family, subset, parts, description in rows:
-        first = "  ".join(c.ljust(w) for c, w in zip((env_id, family, subset), widths, strict=True)) + "  "
-        if width - left >= 24:  # the splits in their column
-            splits = _pack(parts, width - left)
-            lines.append(first + splits[0])
-            lines += [" " * left + more for more in splits[1:]]
-        else:  # a narrow terminal: under the row
-            lines.append(first.rstrip())
-            lines += [" " * 4 + more for more in _pack(parts, width - 4)]
-        lines += _wrap(description, width, " " * 4)
-    print("\n".join(lines))
-    for key, err in plugin_errors().items():
-        print(f"plug-in failed to load: {key}: {err}", file=sys.stderr)
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------
-# play
-
-
-def as_played_turn(env: Any, turn: str) -> str:
-    """What `play` sends for a line a person typed: a turn with tags as it is; a bare command (one line,
-    no tag) in the env's own action format (`guess 10` -> `<action>guess 10</action>`), the same for
-    every env whatever its `allow_bare_action`."""
-    from agentgym_opsd.parsing import parse_action
-
-    parsed = parse_action(turn, env.action_tags, allow_bare=True)
-    return env.format_action(parsed.content) if parsed.kind == "bare" else turn
-
-
-def _cmd_play(args: argparse.Namespace) -> int:
-    options = parse_options(args.option)
-    env = make_env_factory(args.env_id, options)()
-    raw = env.unwrapped
-    observation, info = env.reset(seed=args.seed)
-    print("=" * 30 + " system " + "=" * 30)
-    print(raw.instructions)
-    print("=" * 30 + " play " + "=" * 32)
-    print(f"Write a turn as an agent does, or just a command: play sends `look` as {raw.format_action('look')}. "
-          ":q quits.")
-    print("=" * 30 + " user " + "=" * 32)
-    print(observation)
-    total = 0.0
-    while True:
-        try:
-            turn = input("\nyour turn> ")
-        except EOFError:
-            print()
-            break
-        if turn.strip() in (":q", ":quit"):
-            break
-        sent = as_played_turn(raw, turn)
-        if sent != turn:
-            print(f"(sent as {sent})")
-        observation, reward, terminated, truncated, info = env.step(sent)
-        total += float(reward)
-        print("=" * 30 + " user " + "=" * 32)
-        print(observation)
-        if terminated or truncated:
-            print(f"\nepisode over ({'terminated' if terminated else 'truncated'}): return {total:g}")
-            break
-    env.close()
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------
-# eval
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    if args.episodes < 1:
-        raise UsageError("--episodes must be >= 1")
-    options = parse_options(args.option)
-    # Everything that can be checked without work first: a wrong agent must not wait for the env's
-    # data (ALFWorld generates its games on first use).
-    check_env_usage(args.env_id, options)
-    check_agent(args.agent, cpu_threads=args.cpu_threads)
-    factory = make_env_factory(args.env_id, options)
-    agent = build_agent(args.agent, seed=args.seed, cpu_threads=args.cpu_threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "episodes.jsonl"
-    done: dict[int, Any] = {}
-    if args.resume and path.exists():
-        for e in load_episodes(path, skip_torn_lines=True):
-            if e.env_id == args.env_id and e.agent == agent.name and e.seed is not None:
-                done[e.seed] = e
-    elif path.exists():
-        path.unlink()
-    seeds = [args.seed + i for i in range(args.episodes)]
-    requests = [EpisodeRequest(seed=s, options={}) for s in seeds if s not in done]
-    if args.resume and path.exists():
-        print(f"resuming: {len(seeds) - len(requests)} of {len(seeds)} episodes done", flush=True)
-    started = time.perf_counter()
-    new = run_episodes(
-        factory,
-        agent,
-        requests,
-        num_envs=args.num_envs,
-        context=args.context,
-        progress=f"{args.agent} on {args.env_id}",
-        on_episode=lambda e: append_episodes(path, [e]),
-    )
-    by_seed = {**done, **{e.seed: e for e in new}}
-    episodes = [by_seed[s] for s in seeds if s in by_seed]
-    summary = summarize(episodes, env_id=args.env_id, agent=agent.name)
-    summary["options"] = options
-    summary["seeds"] = [seeds[0], seeds[-1]]
-    summary["wall_seconds"] = round(time.perf_counter() - started, 3)
-    atomic_write_json(out / "summary.json", summary)
-    print(format_table(summary))
-    print(f"wrote {path} and {out / 'summary.json'}")
-    if episodes and all(e.error for e in episodes):
-        raise UsageError(f"every episode failed; the first: {episodes[0].error}")
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `agentgym-opsd`: every command with its summary, and the arguments of `command`
+    (the one being run; its module is imported now, the others' never)."""
     parser = _Parser(prog="agentgym-opsd",
                      description="Multi-turn text environments and per-turn credit for LLM agents.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-
-    p = sub.add_parser("list", help="list the registered envs, their subsets, splits and sizes")
-    p.add_argument("--no-sizes", dest="sizes", action="store_false", help="do not load data to count tasks")
-    p.add_argument("--options", metavar="ID", help="list the options (keywords) of one env id, with defaults")
-    p.set_defaults(func=_cmd_list)
-
-    p = sub.add_parser("play", help="play an env in the terminal, seeing exactly what an agent sees (a bare command "
-                                    "is sent in the env's action tag)")
-    p.add_argument("env_id")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="keyword for gymnasium.make (repeatable)")
-    p.set_defaults(func=_cmd_play)
-
-    p = sub.add_parser("eval", help="run an agent on an env and write episodes.jsonl and summary.json")
-    p.add_argument("env_id")
-    p.add_argument("--agent", required=True, help="random, expert, hf:PATH or openai:BASE_URL#MODEL")
-    p.add_argument("--episodes", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i (the seed picks the task)")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="keyword for gymnasium.make (repeatable)")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--num-envs", type=int, default=8, help="episodes played at once")
-    p.add_argument("--context", default="full", help="full or window:K")
-    p.add_argument("--resume", action="store_true", help="keep finished episodes in OUT and play the rest")
-    p.add_argument("--cpu-threads", type=int, metavar="N", help=CPU_THREADS_HELP)
-    p.set_defaults(func=_cmd_eval, on_interrupt="run the same command with --resume to keep the finished episodes")
-
-    for name, target in COMMANDS.items():
-        module, _, attr = target.partition(":")
-        try:
-            getattr(importlib.import_module(module), attr)(sub)
-        except ImportError as e:  # a command whose dependencies are missing is reported when used
-            p = sub.add_parser(name, help=f"(unavailable: {e})")
-            p.set_defaults(func=lambda a, e=e, n=name: (_ for _ in ()).throw(UsageError(f"{n}: unavailable here: {e}")))
+    for name, spec in COMMANDS.items():
+        p = sub.add_parser(name, help=spec.summary)
+        if name == command:
+            try:
+                add_arguments = load(spec.arguments)
+            except ImportError as e:  # a command whose dependencies are missing here
+                raise UsageError(f"{name}: unavailable here: {e}") from None
+            add_arguments(p)
     return parser
 
 
-_USER_ERRORS = (UsageError, UnknownEnvError, EnvUnavailable, AgentError, DataFileError, FileNotFoundError, ValueError,
-                gym.error.Error)
+USER_ERRORS = (UsageError, UnknownEnvError, EnvUnavailable, AgentError, DataFileError, FileNotFoundError, ValueError,
+               gym.error.Error)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = None
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(command_in(argv)).parse_args(argv)
         return int(args.func(args) or 0)
-    except _USER_ERRORS as e:
+    except USER_ERRORS as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         prefix = "" if msg.startswith("agentgym-opsd") else "agentgym-opsd: error: "
         print(f"{prefix}{msg}", file=sys.stderr)

@@ -25,11 +25,29 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+import agentgym_opsd
+from agentgym_app.report.html import READING_TEACHER_FOLDER, READING_TEACHER_MODEL, READING_TEACHER_SOURCE
+from agentgym_opsd.episode import save_episodes
+from agentgym_opsd.io import atomic_write_json
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+from trainer.credit_auc import EpisodeItems, interval, pooled_auc, resample_counts, within_auc
+from trainer.credit_pass import credit_pass
+from trainer.credit_records import CREDIT_KEY, update_credit_records
+from trainer.env_knowledge import credit_config
+from trainer.models import NamedModelError, resolve_model
+from trainer.policy import load_hf_policy
+from trainer.warm_start import PerturbedExpert
+
 __all__ = ["FOLDER", "MODEL", "SOURCE", "ReadingTeacherSettings", "auc_table", "run_reading_teacher"]
 
-MODEL = "smollm2-135m"
-FOLDER = "reading_teacher"  # under the run folder
-SOURCE = f"reading teacher · {MODEL}"  # the trajectory viewer's group for these episodes
+# The report reads what this section writes: its folder (under the run folder), its model, and the
+# trajectory viewer's group for its episodes are the report's.
+MODEL = READING_TEACHER_MODEL
+FOLDER = READING_TEACHER_FOLDER
+SOURCE = READING_TEACHER_SOURCE
 ENV = "agentgym/ALFWorld-Pick-v0"
 METHODS = ("stepopsd", "agentopsd")
 
@@ -63,10 +81,6 @@ def auc_table(items: dict[str, Any], episode_units: list[Any], *, bootstrap: int
     action tokens that agree with the expert's action against those that depart from it), the number of
     episodes that have such a pair, and a 95% interval over `bootstrap` draws of `episode_units` (one per
     episode: what a draw resamples)."""
-    import numpy as np
-
-    from trainer.credit_auc import interval, pooled_auc, resample_counts, within_auc
-
     n = len(episode_units)
     ones = np.ones((1, n), dtype=np.int64)
     draws = resample_counts(episode_units, bootstrap, np.random.default_rng(seed))
@@ -98,12 +112,6 @@ def run_reading_teacher(folder: str | Path, env_options: dict[str, Any], setting
     """Play the episodes, compute their credit with `model` as student and teacher, write `episodes.jsonl`
     and `summary.json` into `folder`; returns the summary. `model`: a named model or a model folder.
     A missing model wheel is not an error: the summary says `skipped` and how to install it."""
-    import agentgym_opsd
-    from agentgym_opsd.episode import save_episodes
-    from agentgym_opsd.io import atomic_write_json
-    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-    from trainer.models import NamedModelError, resolve_model
-
     settings = settings or ReadingTeacherSettings()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -118,14 +126,6 @@ def run_reading_teacher(folder: str | Path, env_options: dict[str, Any], setting
         summary = {"skipped": f"{e} Then run the demo again.", "settings": key}
         atomic_write_json(folder / "summary.json", summary)
         return summary
-    import torch
-
-    from trainer.credit_auc import EpisodeItems
-    from trainer.credit_pass import credit_pass
-    from trainer.credit_records import CREDIT_KEY, update_credit_records
-    from trainer.env_knowledge import credit_config
-    from trainer.policy import load_hf_policy
-    from trainer.warm_start import PerturbedExpert
 
     started, load_before = time.perf_counter(), os.getloadavg()
     threads = torch.get_num_threads()

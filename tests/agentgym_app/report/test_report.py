@@ -64,7 +64,7 @@ def run_dir(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("report") / "run"
     config = config_from_dict({"name": "report-test", "agents": ["expert", "random"], "episodes": 6,
                                "envs": [{"family": "Tally"}]})
-    run_bench(config, run, progress=False, report=False)
+    run_bench(config, run, progress=False)
     episodes = [e for e in load_episodes(run / "episodes.jsonl") if e.agent == "random" and e.num_turns >= 3][:4]
     assert len(episodes) >= 2
     episodes[0].turns[0].observation = EVIL  # text from an env is shown as text, never as markup
@@ -246,7 +246,7 @@ def headline_run(tmp_path_factory) -> Path:
         "envs": [{"family": "Tally"}, {"id": "example/GuessNumber-v0", "options": {"max_turns": 1, "high": 40}}],
         "headline": {"id": "benchtest/Tally-Large-v0", "label": "held-out", "note": "The `large` targets."},
     })
-    run_bench(config, run, progress=False, report=False)
+    run_bench(config, run, progress=False)
     for method in ("grpo", "stepopsd"):
         append_jsonl(run / "training" / method / "metrics.jsonl",
                      [{"kind": "eval", "step": u, "eval/success": 0.0} for u in (0, 4)]
