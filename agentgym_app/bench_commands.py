@@ -1,4 +1,6 @@
-"""CLI commands `bench` and `report` (named in the CLI's command table, `agentgym_app.cli.COMMANDS`)."""
+"""CLI commands `bench` and `report`, and the arguments of `demo` (named in the CLI's command table,
+`agentgym_app.cli.COMMANDS`, which runs the demo with `agentgym_app.demo.run_from_args`: the demo's module
+loads torch, its `--help` does not)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from agentgym_app.cli_agents import CPU_THREADS_HELP, build_agent
 from agentgym_app.report import write_report
 from agentgym_opsd.usage import UsageError
 
-__all__ = ["bench_arguments", "report_arguments"]
+__all__ = ["bench_arguments", "demo_arguments", "report_arguments"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,3 +93,14 @@ def report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir")
     p.add_argument("--out", help="where to write the HTML (default RUN_DIR/report.html)")
     p.set_defaults(func=_cmd_report)
+
+
+# ---------------------------------------------------------------------------------------------
+# demo
+
+
+def demo_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `agentgym-opsd demo` (on the parser the CLI made for it)."""
+    p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
+    p.add_argument("--quick", action="store_true", help="a smaller run (for a smoke test)")
+    p.set_defaults(on_interrupt="run the same command to resume (finished training runs are kept)")

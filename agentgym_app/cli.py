@@ -3,9 +3,10 @@
 `COMMANDS` is the command table: for each command, the line `agentgym-opsd --help` shows and the
 function that adds the command's arguments to its parser, named `module:function` as an entry point
 is. `main` imports the module of the command being run and no other, so `agentgym-opsd --help` and
-`list` start without torch, and each command's module imports what it needs at its top (`train` and
-`demo` load torch, for their `--help` too). That function sets `func` with `parser.set_defaults`: the
-function that runs the command and returns its exit status. A user's mistake is a `UsageError` (or
+`list` start without torch, and each command's module imports what it needs at its top. That
+function sets `func` with `parser.set_defaults`: the function that runs the command and returns its
+exit status; or the table names it too (`run`), when its module is heavier than the arguments' (the
+demo and the trainer load torch; their `--help` does not). A user's mistake is a `UsageError` (or
 another of `USER_ERRORS`), printed as one line with exit status 2.
 """
 
@@ -31,11 +32,13 @@ __all__ = ["COMMANDS", "Command", "USER_ERRORS", "build_parser", "main"]
 
 @dataclass(frozen=True)
 class Command:
-    """One command: what `--help` says of it, and `module:function`, the function that adds its
-    arguments (and `func`) to the parser the CLI made for it."""
+    """One command: what `--help` says of it; `module:function`, the function that adds its arguments
+    (and `func`, unless `run` is given) to the parser the CLI made for it; and `module:function`, the
+    function that runs it, imported only when it runs (None: the `func` its arguments set)."""
 
     summary: str
     arguments: str
+    run: str | None = None
 
 
 COMMANDS: dict[str, Command] = {
@@ -62,9 +65,9 @@ COMMANDS: dict[str, Command] = {
     "serve-policy": Command("serve a local transformers model as an OpenAI-compatible /v1/chat/completions endpoint",
                             "agentgym_app.serve_policy:serve_policy_arguments"),
     "demo": Command("the main job on the embedded defaults: benchmark, short training, one HTML report",
-                    "agentgym_app.demo:demo_arguments"),
+                    "agentgym_app.bench_commands:demo_arguments", run="agentgym_app.demo:run_from_args"),
     "train": Command("train a policy with per-turn credit (GRPO, GiGPO, StepOPSD, AgentOPSD) on this machine",
-                     "trainer.train_cli:train_arguments"),
+                     "trainer.train_cli:train_arguments", run="trainer.local:run_from_args"),
 }
 
 
@@ -73,10 +76,13 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
 
-def load(target: str) -> Callable[..., Any]:
-    """The function a `module:function` name names, its module imported now."""
+def load(command: str, target: str) -> Callable[..., Any]:
+    """The function a `module:function` name of `command` names, its module imported now."""
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as e:  # a command whose dependencies are missing here
+        raise UsageError(f"{command}: unavailable here: {e}") from None
 
 
 def command_in(argv: Sequence[str]) -> str | None:
@@ -95,11 +101,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, spec in COMMANDS.items():
         p = sub.add_parser(name, help=spec.summary)
         if name == command:
-            try:
-                add_arguments = load(spec.arguments)
-            except ImportError as e:  # a command whose dependencies are missing here
-                raise UsageError(f"{name}: unavailable here: {e}") from None
-            add_arguments(p)
+            load(name, spec.arguments)(p)
     return parser
 
 
@@ -112,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = None
     try:
         args = build_parser(command_in(argv)).parse_args(argv)
-        return int(args.func(args) or 0)
+        run = COMMANDS[args.command].run
+        return int((load(args.command, run) if run else args.func)(args) or 0)
     except USER_ERRORS as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         prefix = "" if msg.startswith("agentgym-opsd") else "agentgym-opsd: error: "

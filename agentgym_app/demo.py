@@ -46,7 +46,7 @@ from environments.searchqa.synthetic import serve_synthetic
 from trainer.config import TrainConfig
 from trainer.local import LocalTrainer
 
-__all__ = ["DemoSettings", "demo_arguments", "run_demo"]
+__all__ = ["DemoSettings", "run_demo", "run_from_args"]
 
 TRAIN_ENV = "agentgym/ALFWorld-Pick-v0"
 SEARCHQA_ENV = "agentgym/SearchQA-Synthetic-v0"
@@ -326,13 +326,7 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
     return {name: out / folder / "model" for folder, name in POLICIES.items()}
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run `agentgym-opsd demo` (its arguments: `agentgym_app.bench_commands.demo_arguments`)."""
     run_demo(Path(args.out), quick=args.quick)
     return 0
-
-
-def demo_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `agentgym-opsd demo` (on the parser the CLI made for it)."""
-    p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
-    p.add_argument("--quick", action="store_true", help="a smaller run (for a smoke test)")
-    p.set_defaults(func=_cmd_demo, on_interrupt="run the same command to resume (finished training runs are kept)")

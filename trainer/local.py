@@ -24,6 +24,7 @@ learning curves as PNG, the final model (`model/`, loadable as `hf:OUT/model`) a
 
 from __future__ import annotations
 
+import argparse
 import copy
 import math
 import random
@@ -42,6 +43,7 @@ from agentgym_opsd.episode import Episode, save_episodes
 from agentgym_opsd.io import append_jsonl, atomic_directory, atomic_write_json, read_jsonl_numbered
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
+from agentgym_opsd.usage import UsageError, make_env_factory
 from trainer.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from trainer.config import TrainConfig, TrainError
 from trainer.credit import compute_advantages
@@ -50,14 +52,15 @@ from trainer.forward import row_logprobs
 from trainer.loss import ppo_update
 from trainer.memory import peak_memory_gb, release_freed_memory, reset_peak_memory
 from trainer.plots import plot_run
-from trainer.policy import TinyModelSpec, autocast_context, load_policy, parameter_count
+from trainer.policy import PolicyLoadError, TinyModelSpec, autocast_context, load_policy, parameter_count
 from trainer.rows import build_rows
 from trainer.sampling import HFPolicyAgent
 from trainer.teacher import score_teacher
+from trainer.train_cli import config_from_args
 from trainer.trainable import TrainableError, merged_for_saving, select_trainable
 from trainer.warm_start import expert_episodes, sft
 
-__all__ = ["LocalTrainer", "TrainConfig", "TrainError", "sampling_consistency", "train"]
+__all__ = ["LocalTrainer", "TrainConfig", "TrainError", "run_from_args", "sampling_consistency", "train"]
 
 
 def sampling_consistency(rows, old_logp: torch.Tensor) -> dict[str, float]:
@@ -497,3 +500,19 @@ class LocalTrainer:
 def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) a training run; returns its report."""
     return LocalTrainer(config, resume=resume, progress=progress).run()
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run `agentgym-opsd train` (its arguments: `trainer.train_cli.train_arguments`)."""
+    config = config_from_args(args)
+    try:
+        config.validate()
+        make_env_factory(config.env_id, config.env_options)  # unknown id or bad options: one line, now
+        report = LocalTrainer(config, resume=args.resume, progress=args.progress).run()
+    except (TrainError, PolicyLoadError) as e:
+        raise UsageError(f"train: {e}") from None
+    before, after = report.get("success_before"), report.get("success_after")
+    if before is not None:
+        print(f"held-out success: {100 * before:.1f}% before RL -> {100 * after:.1f}% after {report['steps']} updates")
+    print(f"wrote {config.out} (metrics.jsonl, curves/, model/, report.json)")
+    return 0

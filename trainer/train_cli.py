@@ -1,7 +1,7 @@
 """`agentgym-opsd train`: the local trainer on the command line.
 
-The CLI imports this module only when `train` runs (its command table names
-`trainer.train_cli:train_arguments`), so the trainer, torch and transformers load with it.
+The arguments and the run's `TrainConfig` live here, without torch; the CLI's command table runs the
+command with `trainer.local.run_from_args`, which loads the trainer.
 
     agentgym-opsd train --env ENV_ID --method {grpo,gigpo,stepopsd,agentopsd} --model PATH|tiny
         [--sft-episodes N] [--steps N] [--group-size G] [--tasks-per-step T] [--out DIR] [--resume] ...
@@ -16,11 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
-from agentgym_opsd.usage import UsageError, make_env_factory, parse_options
-from trainer.config import TrainConfig, TrainError
+from agentgym_opsd.usage import UsageError, parse_options
+from trainer.config import TrainConfig
 from trainer.credit.config import METHODS
-from trainer.local import LocalTrainer
-from trainer.policy import PolicyLoadError
 
 __all__ = ["train_arguments", "config_from_args"]
 
@@ -103,7 +101,6 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", help="auto (default: CUDA when present), cpu, cuda")
     g.add_argument("--dtype", help="auto (default: bf16 on CUDA, float32 on CPU), float32, bfloat16")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bars")
-    p.set_defaults(func=_cmd_train)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -125,18 +122,3 @@ def config_from_args(args: argparse.Namespace):
         raise UsageError(
             "train: --env is required (e.g. --env agentgym/ALFWorld-Pick-v0; `agentgym-opsd list` shows them)")
     return TrainConfig(**given)
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    try:
-        config.validate()
-        make_env_factory(config.env_id, config.env_options)  # unknown id or bad options: one line, now
-        report = LocalTrainer(config, resume=args.resume, progress=args.progress).run()
-    except (TrainError, PolicyLoadError) as e:
-        raise UsageError(f"train: {e}") from None
-    before, after = report.get("success_before"), report.get("success_after")
-    if before is not None:
-        print(f"held-out success: {100 * before:.1f}% before RL -> {100 * after:.1f}% after {report['steps']} updates")
-    print(f"wrote {config.out} (metrics.jsonl, curves/, model/, report.json)")
-    return 0
