@@ -1,4 +1,4 @@
-"""`hf:PATH?settings`, the spec of a local transformers policy as an agent, read and checked without
+"""`hf:PATH?settings`, the name of a local transformers policy as an agent, read and checked without
 loading torch or the model: `eval` and `bench` check every agent before they build an env, and
 `agentgym_app.policy_agents.make_hf_agent` builds the agent from the same reading."""
 

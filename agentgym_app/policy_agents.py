@@ -4,7 +4,7 @@ The model is loaded with `trainer.policy.load_hf_policy` and plays through the t
 token-space sampler (`trainer.sampling.HFPolicyAgent`), so an evaluated policy reads its contexts
 exactly as it did in training. By default a turn also ends at the env's closing action tag (a turn
 holds one action) and the per-turn cap is the model's own or the env's `max_turn_tokens`. This module
-loads torch: the spec is read and checked by `agentgym_app.hf_spec`, which does not, and `make_agent`
+loads torch: `agentgym_app.hf_spec` reads and checks an `hf:` name without it, and `make_agent`
 reaches this module by name (the `agentgym_opsd.agents` entry point) only to build an `hf:` agent.
 """
 
