@@ -7,7 +7,7 @@ the agents. Importing the package registers every installed env family (ours and
 
 from agentgym_opsd.agents import Agent, AgentError, ExpertAgent, RandomAgent, make_agent
 from agentgym_opsd.context import ContextPolicy
-from agentgym_opsd.core import EnvUnavailable, FreeText, Hindsight, StepInfo, TextEnv, Transition, hash_state
+from agentgym_opsd.contract import EnvUnavailable, FreeText, Hindsight, StepInfo, TextEnv, Transition, hash_state
 from agentgym_opsd.episode import Episode, Turn, TurnTokens, append_episodes, load_episodes, save_episodes
 from agentgym_opsd.parsing import ParsedAction, parse_action
 from agentgym_opsd.registry import load_plugins, make, register_env, registered_envs

@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from agentgym_opsd.context import Message
-from agentgym_opsd.core import TextEnv
+from agentgym_opsd.contract import TextEnv
 
 __all__ = ["Agent", "RandomAgent", "ExpertAgent", "make_agent", "register_agent", "act_all", "AgentError",
            "episode_rng"]

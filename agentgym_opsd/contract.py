@@ -1,296 +1,457 @@
-"""The contract every registered env must pass, as a reusable check (like gymnasium's `check_env`).
+"""The contract every environment of the suite follows.
 
-`check_text_env(make_env)` runs the checks below in order and raises `AssertionError` with a message
-naming the broken rule and how to fix it, or the env's own exception where the env raised (with its
-traceback). Each rule is a `check_*` function of its own, which a plug-in author can also run alone.
-The test suite runs `check_text_env` on every registered id; a plug-in author can run it on their own
-env in one line.
+`TextEnv` is a `gymnasium.Env[str, str]`: observations are the user turns an agent reads, actions are
+the agent's whole raw turns. The env reads the action out of the turn itself (its action format is in
+`instructions`), so junk text is an invalid step, never an exception.
+
+Every `info` dict, from `reset` and from `step`, holds a `StepInfo` under `"step"`; the final step's
+`info` also holds the episode's `Hindsight` under `"hindsight"`. Hindsight is privileged: it is for
+the trainer's teacher and for reports, never for the agent.
 """
 
 from __future__ import annotations
 
-import tempfile
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+import hashlib
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, SupportsFloat
 
 import gymnasium as gym
-from gymnasium.utils.env_checker import check_env
+import numpy as np
 
-from agentgym_opsd.agents import RandomAgent
-from agentgym_opsd.core import Hindsight, StepInfo, TextEnv
-from agentgym_opsd.episode import Episode, load_episodes, save_episodes
-from agentgym_opsd.rollout import play_episode
+from agentgym_opsd.parsing import ParsedAction, parse_action
 
 __all__ = [
-    "JUNK_TURNS",
-    "check_episode_played",
-    "check_final_step_hindsight",
-    "check_hindsight_at_the_end",
-    "check_instructions",
-    "check_is_text_env",
-    "check_jsonl_round_trip",
-    "check_junk_turns",
-    "check_malformed_turn_has_no_action",
-    "check_observation",
-    "check_same_seed_same_episode",
-    "check_step_info",
-    "check_text_env",
-    "check_truncation_at_max_turns",
-    "check_within_max_turns",
+    "FreeText",
+    "Hindsight",
+    "StepInfo",
+    "TextEnv",
+    "Transition",
+    "EnvUnavailable",
+    "hash_state",
 ]
 
-JUNK_TURNS: tuple[str, ...] = (
-    "",
-    " ",
-    "\n\n\t",
-    "\x00\x01\x7f",
-    "<action>",
-    "</action>",
-    "<action></action>",
-    "<action><action>look</action></action>",
-    "<action>look</action><action>look</action>",
-    "<think>unclosed reasoning <action>look</action>",
-    "<search>a</search><answer>b</answer>",
-    "<answer>",
-    "<ACTION>  </ACTION>",
-    "🙂 中文 \u202e ̈ \ud7ff",
-    "<" * 5000 + ">" * 5000,
-    "<action>" + "x" * 200_000 + "</action>",
-    "word " * 100_000,
-)
 
-# What most fixes come down to: the base class does the bookkeeping when a subclass lets it.
-CALL_SUPER = "an override of reset() or step() must call super() and return its info"
+class EnvUnavailable(RuntimeError):
+    """An env cannot be built here: missing data, missing service. The message says how to fix it."""
 
 
-def check_is_text_env(raw: gym.Env) -> TextEnv:
-    """The unwrapped env is a `TextEnv` (what gives it the rest of the contract)."""
-    assert isinstance(raw, TextEnv), (
-        f"{type(raw).__name__} is not a TextEnv: subclass agentgym_opsd.TextEnv and implement num_tasks, "
-        "_load_task, _apply, state_key and hindsight"
-    )
-    return raw
+class FreeText(gym.Space[str]):
+    """Any unicode string of at most `max_length` characters.
 
-
-def check_instructions(raw: TextEnv) -> None:
-    """`env.instructions`, the system prompt that tells the agent the task rules and the action format,
-    is a non-empty string."""
-    assert isinstance(raw.instructions, str) and raw.instructions.strip(), (
-        "env.instructions is empty: set the class attribute `instructions` to the system prompt "
-        "(the task rules and the action format)"
-    )
-
-
-def check_step_info(info: dict, turn: int, where: str) -> StepInfo:
-    """`info["step"]` is a StepInfo with the right turn index, a state key, a task id and an episode
-    id, a valid action span, and a reason for every malformed turn; returns it."""
-    assert "step" in info, f"{where}: info has no 'step': {CALL_SUPER}"
-    step = info["step"]
-    assert isinstance(step, StepInfo), (
-        f"{where}: info['step'] is {type(step).__name__}, not StepInfo: leave info['step'] to TextEnv ({CALL_SUPER})"
-    )
-    assert step.turn == turn, (
-        f"{where}: StepInfo.turn is {step.turn}, expected {turn}: let TextEnv count the turns "
-        f"(do not set self.turn; {CALL_SUPER})"
-    )
-    assert isinstance(step.state_key, str) and step.state_key, (
-        f"{where}: empty state_key: state_key() must return a hash of the env's true state "
-        "(agentgym_opsd.hash_state(...) of what decides the next observations)"
-    )
-    assert step.task_id, f"{where}: empty task_id: set self.task_id in _load_task (the same id for a task on every run)"
-    assert step.episode_id, f"{where}: empty episode_id: let TextEnv.reset name the episode ({CALL_SUPER})"
-    if step.action_span is not None:
-        a, b = step.action_span
-        assert 0 <= a <= b, (
-            f"{where}: bad action_span {step.action_span}: read the action with TextEnv.parse_action "
-            "(agentgym_opsd.parse_action), whose spans are (start, end) character offsets into the turn"
-        )
-    if not step.format_ok:
-        assert step.format_error, (
-            f"{where}: format_ok is False but format_error is empty: a malformed turn's ParsedAction must "
-            "say why (agentgym_opsd.parse_action does)"
-        )
-    return step
-
-
-def check_observation(observation: object, where: str) -> None:
-    """An observation (from reset or step) is a str: the user turn the agent reads."""
-    assert isinstance(observation, str), (
-        f"{where} observation is not a str: _load_task and each Transition must give the observation as text"
-    )
-
-
-def check_episode_played(env: gym.Env, episode: Episode, seed: int) -> None:
-    """An episode the rollout ended as errored means the env raised: raise the env's own exception
-    (the episode replayed here, so its traceback points into the env), not what is missing after it."""
-    if episode.error is None:
-        return
-    agent = RandomAgent(seed)
-    try:
-        _, info = env.reset(seed=seed)
-        for _ in range(env.unwrapped.max_turns):
-            _, _, terminated, truncated, info = env.step(agent.act([], info, env.unwrapped))
-            if terminated or truncated:
-                break
-    except Exception as e:
-        e.add_note(f"check_text_env: raised by the env in a random agent's episode (seed {seed})")
-        raise
-    raise AssertionError(f"seed {seed}: the env raised during an episode ({episode.error}), "
-                         "but not when the episode was played again: is it deterministic? Draw its "
-                         "randomness from self.np_random, which reset(seed=...) seeds")  # fmt: skip
-
-
-def check_same_seed_same_episode(env: gym.Env, seed: int) -> tuple[Episode, Episode]:
-    """A random agent seeded alike plays the same seed twice: the same first observation, the same
-    turns (observations, rewards, StepInfo). Returns the two episodes."""
-    first = play_episode(env, RandomAgent(seed), seed)
-    check_episode_played(env, first, seed)
-    second = play_episode(env, RandomAgent(seed), seed)
-    check_episode_played(env, second, seed)
-    assert first.initial_observation == second.initial_observation, (
-        f"seed {seed}: reset differs: the same seed must give the same task and first observation (let "
-        "TextEnv.reset pick the task from the seed; draw any randomness from self.np_random)"
-    )
-    assert [t.to_dict() for t in first.turns] == [t.to_dict() for t in second.turns], (
-        f"seed {seed}: the same seed and turns gave different episodes: draw randomness from self.np_random "
-        "(seeded by reset), never from `random`, the clock or state left over from an earlier episode"
-    )
-    return first, second
-
-
-def check_hindsight_at_the_end(episode: Episode, seed: int) -> None:
-    """A finished episode has its `Hindsight` (the trainer's teacher and the reports read it)."""
-    assert episode.hindsight is not None and isinstance(episode.hindsight, Hindsight), (
-        f"seed {seed}: no hindsight at the end: hindsight() must return an agentgym_opsd.Hindsight "
-        "(TextEnv.step puts it in the final step's info)"
-    )
-
-
-def check_within_max_turns(episode: Episode, max_turns: int, seed: int) -> None:
-    """An episode ends by `max_turns` at the latest."""
-    assert episode.num_turns <= max_turns, (
-        f"seed {seed}: ran past max_turns: let TextEnv.step truncate at max_turns (do not change "
-        f"self.max_turns during an episode; {CALL_SUPER})"
-    )
-
-
-def check_jsonl_round_trip(episodes: Sequence[Episode]) -> None:
-    """Episodes saved as JSONL read back exactly."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "episodes.jsonl"
-        save_episodes(path, episodes)
-        back = load_episodes(path)
-    assert [e.to_dict() for e in back] == [e.to_dict() for e in episodes], (
-        "JSONL round trip is lossy: a Transition's info and Hindsight.details must hold JSON values only "
-        "(str keys; str, int, float, bool, None, lists and dicts of them; no tuples, sets or objects)"
-    )
-
-
-def check_final_step_hindsight(info: dict, terminated: bool, truncated: bool) -> None:
-    """The final step's info holds the episode's `Hindsight` under "hindsight"."""
-    assert not terminated or "hindsight" in info, f"terminated without hindsight: {CALL_SUPER}"
-    if terminated or truncated:
-        assert isinstance(info.get("hindsight"), Hindsight), (
-            f"final step has no Hindsight: hindsight() must return an agentgym_opsd.Hindsight ({CALL_SUPER})"
-        )
-
-
-def check_malformed_turn_has_no_action(step: StepInfo) -> None:
-    """A turn the env could not parse carries no action (nothing was played)."""
-    if not step.format_ok:
-        assert step.action is None, (
-            "a malformed turn must not carry an action: answer it with an invalid step that plays nothing "
-            "(TextEnv.step does; override _invalid for its observation)"
-        )
-
-
-def check_junk_turns(env: gym.Env, seed: int, junk_seconds: float) -> None:
-    """Junk turns (`JUNK_TURNS`: empty, unicode, huge, nested or unclosed tags) never raise, are
-    answered within 5 s each and `junk_seconds` in all, are invalid steps without an action, and keep
-    StepInfo on every step and hindsight on the final one."""
-    observation, info = env.reset(seed=seed)
-    check_step_info(info, 0, "reset")
-    check_observation(observation, "reset")
-    turn = 0
-    started = time.perf_counter()
-    for junk in JUNK_TURNS:
-        turn += 1
-        t0 = time.perf_counter()
-        observation, _, terminated, truncated, info = env.step(junk)
-        elapsed = time.perf_counter() - t0
-        assert elapsed < 5.0, (
-            f"junk turn {junk[:30]!r} took {elapsed:.1f} s: answer a malformed turn before any costly work "
-            "(TextEnv.step parses it in bounded time and calls _invalid; keep _invalid cheap)"
-        )
-        step = check_step_info(info, turn, f"junk turn {junk[:30]!r}")
-        check_observation(observation, "step")
-        check_malformed_turn_has_no_action(step)
-        check_final_step_hindsight(info, terminated, truncated)
-        if terminated or truncated:
-            observation, info = env.reset(seed=seed)
-            turn = 0
-    assert time.perf_counter() - started < junk_seconds, (
-        f"junk turns took too long (over {junk_seconds} s for {len(JUNK_TURNS)}): answer malformed turns "
-        "without costly work (keep _invalid cheap)"
-    )
-
-
-def check_truncation_at_max_turns(env: gym.Env, seed: int) -> None:
-    """Invalid turns alone end the episode by truncation at `max_turns` (or by termination), with
-    hindsight on the last step."""
-    raw = env.unwrapped
-    env.reset(seed=seed)
-    for k in range(1, raw.max_turns + 1):
-        _, _, terminated, truncated, info = env.step("")
-        check_step_info(info, k, f"turn {k}")
-        if terminated or truncated:
-            assert "hindsight" in info, f"turn {k}: final step without hindsight: {CALL_SUPER}"
-            break
-    else:
-        raise AssertionError(f"no termination or truncation after max_turns={raw.max_turns} invalid turns: "
-                             f"let TextEnv.step truncate at max_turns ({CALL_SUPER})")  # fmt: skip
-    assert truncated or terminated, "episode did not end"
-    if truncated:
-        assert k == raw.max_turns, (
-            f"truncated at turn {k}, max_turns is {raw.max_turns}: truncate only at max_turns (TextEnv.step "
-            "does); an episode that ends early ends by terminating"
-        )
-
-
-def check_text_env(
-    make_env: Callable[[], gym.Env],
-    *,
-    seeds: tuple[int, ...] = (0, 1),
-    junk_seconds: float = 30.0,
-    run_gymnasium_checker: bool = True,
-) -> None:
-    """Check one env against the suite's contract.
-
-    - the unwrapped env is a TextEnv with instructions (`check_is_text_env`, `check_instructions`);
-    - gymnasium's `check_env` passes on the unwrapped env;
-    - the same seed and the same turns give the same episode (`check_same_seed_same_episode`), which
-      ends with hindsight (`check_hindsight_at_the_end`) by `max_turns` (`check_within_max_turns`)
-      and round-trips through JSONL exactly (`check_jsonl_round_trip`);
-    - junk turns (empty, unicode, huge, nested or unclosed tags) never raise, are answered quickly,
-      and are invalid steps with a reason (`check_junk_turns`);
-    - `info["step"]` is a StepInfo after reset and after every step, with the right turn index
-      (`check_step_info`);
-    - invalid turns end the episode by `max_turns` at the latest, with `info["hindsight"]` on its final
-      step (`check_truncation_at_max_turns`).
+    Gymnasium's `spaces.Text` only admits a fixed character set (no spaces, newlines or non-ASCII by
+    default); agent turns and observations are arbitrary text.
     """
-    env = make_env()
-    try:
-        raw = check_is_text_env(env.unwrapped)
-        check_instructions(raw)
-        if run_gymnasium_checker:
-            check_env(raw, skip_close_check=raw.spec is None)
-        for seed in seeds:
-            first, second = check_same_seed_same_episode(env, seed)
-            check_hindsight_at_the_end(first, seed)
-            check_within_max_turns(first, raw.max_turns, seed)
-            check_jsonl_round_trip([first, second])
-        check_junk_turns(env, seeds[0], junk_seconds)
-        check_truncation_at_max_turns(env, seeds[-1])
-    finally:
-        env.close()
+
+    def __init__(self, max_length: int = 100_000, seed: int | np.random.Generator | None = None):
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        self.max_length = int(max_length)
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """A random string: words, tags and unicode, up to 200 characters (for fuzzing and checks)."""
+        pieces = ["go", "to", "take", "<action>", "</action>", "<think>", "é", "中", " ", "\n", "1"]
+        n = int(self.np_random.integers(0, 40))
+        text = "".join(pieces[int(i)] for i in self.np_random.integers(0, len(pieces), size=n))
+        return text[: min(200, self.max_length)]
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"FreeText(max_length={self.max_length})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, FreeText) and other.max_length == self.max_length
+
+
+def _to_span(value: Any) -> tuple[int, int] | None:
+    return None if value is None else (int(value[0]), int(value[1]))
+
+
+@dataclass
+class StepInfo:
+    """Step-boundary metadata, in `info["step"]` after `reset` and after every `step`.
+
+    Attributes:
+        turn: turns taken so far: 0 after `reset`, k after the k-th `step`.
+        action: the action read from the turn (an ALFWorld command, a search query, an answer), or
+            None when the turn held no valid action (and after `reset`).
+        action_kind: the tag the action came from (`action`, `search`, `answer`, `bare`), or None.
+        action_span: `(start, end)` character offsets of the action block in the raw turn, tags
+            included (`response[start:end] == "<action>go to desk 1</action>"`), or None.
+        format_ok: the turn followed the action format.
+        format_error: why it did not (None when it did).
+        admissible: the action was valid in the state it was taken in; None where the env cannot
+            tell before acting (False for malformed turns).
+        admissible_actions: the actions valid in the state the env is now in (what the agent may do
+            next), or None where the env has no finite action set.
+        state_key: a hash of the env's true state after this step; equal states give equal keys,
+            across episodes (GiGPO groups turns by it).
+        task_id: the task being played (stable across runs and machines).
+        task_type: the subset it belongs to (ALFWorld "heat", Search-QA "hotpotqa", ...).
+        episode_id: the episode's id.
+    """
+
+    turn: int
+    action: str | None
+    action_kind: str | None
+    action_span: tuple[int, int] | None
+    format_ok: bool
+    format_error: str | None
+    admissible: bool | None
+    admissible_actions: list[str] | None
+    state_key: str
+    task_id: str
+    task_type: str
+    episode_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["action_span"] = None if self.action_span is None else list(self.action_span)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepInfo:
+        known = {f.name for f in fields(cls)}
+        extra = set(d) - known
+        if extra:
+            raise ValueError(f"StepInfo: unknown fields {sorted(extra)}")
+        d = dict(d)
+        d["action_span"] = _to_span(d.get("action_span"))
+        if d.get("admissible_actions") is not None:
+            d["admissible_actions"] = list(d["admissible_actions"])
+        return cls(**d)
+
+
+@dataclass
+class Hindsight:
+    """What became known by the end of the episode: privileged, never shown to the agent.
+
+    Attributes:
+        success: the task was solved.
+        score: the env's graded score in [0, 1] (1.0/0.0 where the env only knows success).
+        reference: text for the trainer's teacher: the expert plan and goal (ALFWorld), the gold
+            answers and supporting passages (Search-QA), the target product and goal attributes
+            (WebShop).
+        details: structured facts behind the reference (JSON-serialisable).
+
+    Optional key of `details`, from envs built with `turn_labels=True` (see `TextEnv`):
+        "turn_labels": one dict per turn played so far, in order (the k-th is turn k): the env's
+            oracle verdict on whether the turn helped, for evaluating credit, never for the agent.
+            Every entry holds `turn` (int), `progress` (bool: the turn moved the episode toward
+            success), `delta` (signed number or None: the change the turn made to the distance to
+            success, < 0 progress, 0 wasted, > 0 regress; None where the env cannot measure it) and
+            `expert_action` (str or None: what `StepInfo.action` would have read had the env's
+            expert played this turn from the same state); each env documents its further keys.
+    """
+
+    success: bool
+    score: float
+    reference: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "success": bool(self.success),
+            "score": float(self.score),
+            "reference": self.reference,
+            "details": self.details,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Hindsight:
+        return cls(bool(d["success"]), float(d["score"]), str(d["reference"]), dict(d.get("details") or {}))
+
+
+@dataclass
+class Transition:
+    """What an env's `_apply` returns for one well-formed action.
+
+    Attributes:
+        observation: the text the agent reads next.
+        reward: the step's reward.
+        terminated: the episode ended by itself (task solved, answer given, product bought).
+        admissible: the action was valid in the state it was taken in (None: cannot tell).
+        info: extra, JSON-serialisable entries for `info` (sub-scores, F1, ...).
+    """
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    admissible: bool | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def hash_state(*parts: Any) -> str:
+    """A short, stable hash of a state description (sorted facts, a page id, ...)."""
+    h = hashlib.blake2b(digest_size=10)
+    for part in parts:
+        h.update(repr(part).encode("utf-8", "surrogatepass"))
+        h.update(b"\x1f")
+    return h.hexdigest()
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class of every multi-turn text environment.
+
+    Subclasses implement the task logic in a few methods and get the contract for free:
+    turn counting, `max_turns` truncation, action parsing and invalid steps, `StepInfo` on every
+    step, hindsight on the final step, seeded task choice.
+
+    To implement:
+        num_tasks: how many tasks the env holds (for the chosen subset and split).
+        _load_task(index, options) -> str: start task `index`; return the first observation. Set
+            `self.task_id` and `self.task_type`.
+        _apply(action: ParsedAction) -> Transition: play one well-formed action.
+        state_key() -> str: hash of the true state (use `hash_state`).
+        hindsight() -> Hindsight: the episode's privileged outcome and reference, at any time.
+    May override:
+        admissible_actions() -> list[str] | None, expert_action() -> str | None,
+        _invalid(parsed) -> str (the observation after a malformed turn),
+        format_action(action) -> str (how a scripted agent writes an action).
+    Turn labels (optional; privileged, for evaluating credit): an env that can tell after the fact
+    whether a turn helped implements `_label_turn` (and `_label_context` when it needs the state
+    before the turn). Built with `turn_labels=True`, it gets `self.turn_labels`, a list that `step`
+    fills with one label per turn (malformed turns included) and `reset` empties; its `hindsight()`
+    puts a copy under `details["turn_labels"]` (see `Hindsight`). Off by default (`self.turn_labels`
+    is None): the hooks are then never called and normal rollouts pay nothing for them.
+
+    Class attributes:
+        instructions: the system prompt: task rules and the action format.
+        action_tags: the tags an action may come in.
+        allow_bare_action: accept a bare one-line command (for scripted agents and people).
+        max_turns: turns before the episode is truncated.
+        max_turn_tokens: the per-turn generation cap that suits this env's turns (reasoning and one
+            action); a model-backed agent (`hf:`) uses it unless its own cap is given.
+        max_response_chars: longer turns are parsed only up to this many characters.
+    Keywords of the constructor (`max_turns` and `allow_bare_action` set the class attributes above
+    for one env; None keeps the class's value):
+        render_mode: `ansi` (`render()` returns the last observation as text) or None (no rendering).
+        turn_labels: fill `self.turn_labels` with a label per turn (see above); only for an env that
+            implements `_label_turn`.
+
+    A turn is parsed as valid Unicode: lone surrogates (U+D800 to U+DFFF, which no tokenizer
+    produces but a buggy client may send) read as `?`, one character each, so spans still index the
+    raw turn and no action text reaches a search engine or a server that would refuse it.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    instructions: str = ""
+    action_tags: tuple[str, ...] = ("action",)
+    allow_bare_action: bool = False
+    max_turns: int = 50
+    max_turn_tokens: int = 256
+    max_response_chars: int = 20_000
+    max_observation_chars: int = 200_000
+    invalid_observation: str = "Invalid action."
+
+    task_id: str = ""
+    task_type: str = ""
+
+    def __init__(
+        self,
+        *,
+        max_turns: int | None = None,
+        allow_bare_action: bool | None = None,
+        render_mode: str | None = None,
+        turn_labels: bool = False,
+    ) -> None:
+        if turn_labels and type(self)._label_turn is TextEnv._label_turn:
+            raise ValueError(
+                f"turn_labels=True: {type(self).__name__} cannot label turns (it implements no _label_turn)"
+            )
+        if max_turns is not None:
+            if int(max_turns) < 1:
+                raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            self.max_turns = int(max_turns)
+        if allow_bare_action is not None:
+            self.allow_bare_action = bool(allow_bare_action)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode {render_mode!r} not in {self.metadata['render_modes']}")
+        self.render_mode = render_mode
+        self.action_space = FreeText(max_length=1_000_000)
+        self.observation_space = FreeText(max_length=self.max_observation_chars)
+        self.turn = 0
+        self.episode_id = ""
+        self.done = True
+        self.last_observation = ""
+        self.turn_labels: list[dict[str, Any]] | None = [] if turn_labels else None
+
+    # ----------------------------------------------------------------------------------------
+    # To implement in subclasses.
+
+    @property
+    def num_tasks(self) -> int:
+        raise NotImplementedError
+
+    def _load_task(self, index: int, options: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def _apply(self, action: ParsedAction) -> Transition:
+        raise NotImplementedError
+
+    def state_key(self) -> str:
+        raise NotImplementedError
+
+    def hindsight(self) -> Hindsight:
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------------------------------
+    # May override.
+
+    def admissible_actions(self) -> list[str] | None:
+        """The actions valid now, or None where the env has no finite action set."""
+        return None
+
+    def expert_action(self) -> str | None:
+        """The scripted expert's next turn, written in this env's format (privileged; it may read
+        the true state), or None when it has no move from here."""
+        raise NotImplementedError(f"{type(self).__name__} has no expert")
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        """An action a random agent would take now: an admissible one where they are known."""
+        options = self.admissible_actions()
+        if options:
+            return options[int(rng.integers(len(options)))]
+        words = self.last_observation.split() or ["look"]
+        n = int(rng.integers(1, 4))
+        return " ".join(words[int(i)] for i in rng.integers(0, len(words), size=n))
+
+    def format_action(self, action: str, kind: str | None = None) -> str:
+        """How an agent writes `action` as a turn in this env's format."""
+        tag = kind or self.action_tags[0]
+        return f"<{tag}>{action}</{tag}>"
+
+    def _invalid(self, parsed: ParsedAction) -> str:
+        """The observation after a malformed turn."""
+        return f"{self.invalid_observation} ({parsed.error})"
+
+    def _label_context(self) -> Any:
+        """What `_label_turn` needs to know about the state a turn is taken in (the expert's plan, the
+        page), read just before the turn is played; called only with `turn_labels=True`."""
+        return None
+
+    def _label_turn(self, parsed: ParsedAction, transition: Transition, before: Any) -> dict[str, Any]:
+        """The oracle label of the turn just played (privileged; called only with `turn_labels=True`).
+
+        Args:
+            parsed: the turn as read (`parsed.ok` is False for a malformed turn).
+            transition: what the turn did (a malformed turn's is an invalid step).
+            before: what `_label_context()` returned before the turn.
+
+        Returns:
+            A JSON-serialisable dict with at least `progress`, `delta` and `expert_action` (see
+            `Hindsight`); `turn` is added by `step`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no turn labels")
+
+    def task_index(self, task_id: str) -> int:
+        """The index of `task_id` (for `reset(options={"task_id": ...})`)."""
+        raise KeyError(f"{type(self).__name__} cannot look tasks up by id")
+
+    def parse_action(self, response: str) -> ParsedAction:
+        """Read the action out of a raw turn with this env's tags."""
+        return parse_action(response, self.action_tags, allow_bare=self.allow_bare_action)
+
+    # ----------------------------------------------------------------------------------------
+    # The Gymnasium API.
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode.
+
+        The task is chosen from the seed: `seed % num_tasks`, so seeds 0..n-1 play every task once and
+        the same seed is the same task on every machine. Without a seed, one is drawn from the env's
+        generator. Options: `task_index` or `task_id` (play that task), `episode_id` (name the episode).
+
+        Returns:
+            The first observation and an info dict with `info["step"]` (turn 0).
+        """
+        super().reset(seed=seed)
+        options = dict(options or {})
+        if seed is None:
+            seed = int(self.np_random.integers(0, 2**31 - 1))
+        n = self.num_tasks
+        if n < 1:
+            raise EnvUnavailable(f"{type(self).__name__} has no tasks (check its data and split)")
+        if options.get("task_index") is not None:
+            index = int(options["task_index"])
+            if not 0 <= index < n:
+                raise ValueError(f"task_index {index} out of range [0, {n})")
+        elif options.get("task_id") is not None:
+            index = self.task_index(str(options["task_id"]))
+        else:
+            index = int(seed) % n
+        self.turn = 0
+        self.done = False
+        if self.turn_labels is not None:
+            self.turn_labels = []
+        observation = self._load_task(index, options)
+        self.episode_id = str(options.get("episode_id") or f"{self.task_id}@{seed}")
+        self.last_observation = observation
+        info = {"step": self._step_info(None, admissible=None)}
+        return observation, info
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Play one turn: `action` is the agent's whole raw text.
+
+        Returns:
+            `(observation, reward, terminated, truncated, info)`; `info["step"]` is a `StepInfo`,
+            and on the final step `info["hindsight"]` is the episode's `Hindsight`.
+        """
+        if not isinstance(action, str):
+            raise TypeError(f"a TextEnv action is the agent's turn as a str, got {type(action).__name__}")
+        if self.done:
+            raise gym.error.ResetNeeded("the episode is over; call reset() before step()")
+        response = action[: self.max_response_chars]
+        if not response.isascii():
+            response = response.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?"
+        parsed = self.parse_action(response)
+        before = self._label_context() if self.turn_labels is not None else None
+        self.turn += 1
+        if parsed.ok:
+            transition = self._apply(parsed)
+        else:
+            transition = Transition(self._invalid(parsed), 0.0, False, admissible=False)
+        if self.turn_labels is not None:
+            self.turn_labels.append({"turn": self.turn, **self._label_turn(parsed, transition, before)})
+        terminated = bool(transition.terminated)
+        truncated = not terminated and self.turn >= self.max_turns
+        self.done = terminated or truncated
+        observation = transition.observation[: self.max_observation_chars]
+        self.last_observation = observation
+        info: dict[str, Any] = dict(transition.info)
+        info["step"] = self._step_info(parsed, admissible=transition.admissible)
+        if self.done:
+            info["hindsight"] = self.hindsight()
+        return observation, float(transition.reward), terminated, truncated, info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self.last_observation
+        return None
+
+    # ----------------------------------------------------------------------------------------
+
+    def _step_info(self, parsed: ParsedAction | None, admissible: bool | None) -> StepInfo:
+        actions = self.admissible_actions()
+        return StepInfo(
+            turn=self.turn,
+            action=None if parsed is None else parsed.content,
+            action_kind=None if parsed is None else parsed.kind,
+            action_span=None if parsed is None else parsed.span,
+            format_ok=True if parsed is None else parsed.ok,
+            format_error=None if parsed is None else parsed.error,
+            admissible=admissible,
+            admissible_actions=None if actions is None else list(actions),
+            state_key=self.state_key(),
+            task_id=self.task_id,
+            task_type=self.task_type,
+            episode_id=self.episode_id,
+        )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym_opsd.context import ContextPolicy, HistoryItem, Message
-from agentgym_opsd.core import Hindsight, StepInfo
+from agentgym_opsd.contract import Hindsight, StepInfo
 from agentgym_opsd.io import DataFileError, append_jsonl, atomic_write_text, read_jsonl_numbered
 
 __all__ = ["TurnTokens", "Turn", "Episode", "save_episodes", "append_episodes", "load_episodes"]

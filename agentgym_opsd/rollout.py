@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from agentgym_opsd.agents import Agent, act_all
 from agentgym_opsd.context import ContextPolicy, HistoryItem
-from agentgym_opsd.core import StepInfo
+from agentgym_opsd.contract import StepInfo
 from agentgym_opsd.episode import Episode, Turn
 from agentgym_opsd.workers import EnvFailure, EnvHandle, LocalEnv, WorkerEnv
 

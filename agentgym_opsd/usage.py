@@ -1,7 +1,8 @@
 """What command lines of any folder share: one-line user errors and `KEY=VALUE` options.
 
-A command's `add_parser(subparsers)` function (trainer, retrieval index, env families: the app's
-command table `agentgym_opsd.app.cli.COMMANDS` names them) raises `UsageError` for a user's mistake;
+A command of any folder (trainer, retrieval index, env families) is a function that adds its arguments
+to the parser the app made for it, named `module:function` in the app's command table
+(`agentgym_app.cli.COMMANDS`); the function that runs it raises `UsageError` for a user's mistake, and
 the app prints it as one line and exits with status 2. `parse_options` reads `--option KEY=VALUE`
 pairs, `make_env_factory` checks an env's options before a run starts.
 """

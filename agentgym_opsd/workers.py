@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from agentgym_opsd.registry import UnknownEnvError, entry, load_plugins, make
+
 __all__ = [
     "EnvFactory", "EnvFailure", "EnvHandle", "LocalEnv", "WorkerEnv", "RemoteEnvProxy", "default_start_method",
     "describe_exit",
@@ -290,8 +292,6 @@ class EnvFactory:
     paths: tuple[str, ...] = field(default_factory=lambda: tuple(sys.path))
 
     def __call__(self) -> Any:
-        from agentgym_opsd.registry import UnknownEnvError, entry, load_plugins, make
-
         missing = [p for p in self.paths if p not in sys.path]
         if missing:
             sys.path.extend(missing)

@@ -229,7 +229,7 @@ def build(corpus: Path, out_dir: Path) -> dict:
     """Index `corpus` in a child process; wall time and the child's peak RSS."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "index", "build", str(corpus), str(out_dir),
+    subprocess.run([sys.executable, "-m", "agentgym_app.cli", "index", "build", str(corpus), str(out_dir),
                     "--quiet", "--overwrite"],
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     seconds = time.perf_counter() - t0

@@ -510,7 +510,7 @@ def measure_retrieval(n: int, work: Path, args: argparse.Namespace) -> dict[str,
     figures["generate_s"] = round(time.perf_counter() - t0, 2)
     print(f"  corpus: {figures['corpus_mib']} MiB, {figures['distinct_words']:,} distinct words", flush=True)
 
-    cmd = [sys.executable, "-m", "agentgym_opsd.app.cli", "index", "build", str(corpus), str(index_dir),
+    cmd = [sys.executable, "-m", "agentgym_app.cli", "index", "build", str(corpus), str(index_dir),
            "--threads", str(args.index_threads), "--quiet", "--overwrite"]  # fmt: skip
     wall, memory = run_measured(cmd)
     info = json.loads((index_dir / "agentgym_index.json").read_text())

@@ -68,7 +68,7 @@ def explain_option(goal_option, target_values: list[str]) -> str:
 def tagger_agreement(world, spacy_model: str) -> dict:
     """The built-in noun tagger against spaCy's model: equal r_type and equal total reward over every
     goal x product pair of the world's catalog (printed, and returned with the counts)."""
-    from agentgym_opsd.core import EnvUnavailable
+    from agentgym_opsd.contract import EnvUnavailable
     from environments.webshop.reward import builtin_nouns, noun_tagger, webshop_reward
 
     try:

@@ -1,6 +1,6 @@
-"""`agentgym-opsd index build|info` and `agentgym-opsd serve-retrieval` (registered in the CLI's COMMANDS).
+"""`agentgym-opsd index build|info` and `agentgym-opsd serve-retrieval` (named in the CLI's command table).
 
-Light at import: Java, Flask and waitress load inside the commands.
+Java, Flask and waitress load when a command runs.
 """
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ import argparse
 import json
 from pathlib import Path
 
-__all__ = ["add_index_parser", "add_serve_parser"]
+from agentgym_opsd.usage import UsageError
+from retrieval_index.lucene import BM25Searcher, build_index, read_index_info
+from retrieval_index.server import add_server_arguments, run_from_args
+
+__all__ = ["index_arguments", "serve_arguments"]
 
 
 def _cmd_index_build(args: argparse.Namespace) -> int:
-    from agentgym_opsd.usage import UsageError
-    from retrieval_index.lucene import build_index
-
     if args.threads < 1:
         raise UsageError("--threads must be >= 1")
     if not Path(args.corpus).is_file():
@@ -34,8 +35,6 @@ def _cmd_index_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_index_info(args: argparse.Namespace) -> int:
-    from retrieval_index.lucene import BM25Searcher, read_index_info
-
     info = read_index_info(args.index_dir) or {}
     with BM25Searcher(args.index_dir) as searcher:
         info["num_docs"] = searcher.num_docs
@@ -43,8 +42,8 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_index_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("index", help="build a Lucene BM25 index of a passage corpus (for serve-retrieval)")
+def index_arguments(p: argparse.ArgumentParser) -> None:
+    """The subcommands and arguments of `agentgym-opsd index` (on the parser the CLI made for it)."""
     sub = p.add_subparsers(dest="index_command", metavar="SUBCOMMAND", parser_class=type(p))
     sub.required = True
     b = sub.add_parser("build", help="CORPUS.jsonl -> OUT_DIR (a Lucene index with the passages stored)")
@@ -60,9 +59,6 @@ def add_index_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from agentgym_opsd.usage import UsageError
-    from retrieval_index.server import run_from_args
-
     if not Path(args.index).is_dir():
         raise UsageError(
             f"--index {args.index}: no index folder there; build one with `agentgym-opsd index build CORPUS.jsonl "
@@ -74,13 +70,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"serve-retrieval: {e}") from None
 
 
-def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
-    from retrieval_index.server import add_server_arguments
-
-    p = subparsers.add_parser(
-        "serve-retrieval",
-        help="serve a BM25 index over HTTP (POST /retrieve, Search-R1 compatible; GET /health)",
-        description="Serve a Lucene BM25 index over HTTP with waitress. Binds 127.0.0.1 unless --host says otherwise.",
-    )
+def serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `agentgym-opsd serve-retrieval` (on the parser the CLI made for it)."""
+    p.description = "Serve a Lucene BM25 index over HTTP with waitress. Binds 127.0.0.1 unless --host says otherwise."
     add_server_arguments(p)
     p.set_defaults(func=_cmd_serve)

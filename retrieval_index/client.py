@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from retrieval_index.corpus import Hit
 
 __all__ = ["RetrievalClient", "RetrievalServerDown", "RetrievalRequestError", "DEFAULT_URL", "default_url"]

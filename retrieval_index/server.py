@@ -59,7 +59,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.io import atomic_write_text
 from retrieval_index.corpus import Hit
+from retrieval_index.lucene import BM25Searcher
 
 __all__ = ["ServerLimits", "Batcher", "create_app", "serve", "add_server_arguments", "main"]
 
@@ -412,9 +414,6 @@ def serve(
             that start the server in a child process).
     """
     from waitress.server import create_server
-
-    from agentgym_opsd.io import atomic_write_text
-    from retrieval_index.lucene import BM25Searcher
 
     if not log.handlers:  # the server's own lines (cut queries) go to stderr, with the time
         handler = logging.StreamHandler(sys.stderr)

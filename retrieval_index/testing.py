@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.io import read_jsonl_numbered
+from retrieval_index.lucene import build_index
 
 __all__ = ["WIKI_FILES", "wiki_slice_records", "build_wiki_slice_index"]
 
@@ -31,8 +32,6 @@ def wiki_slice_records(wiki_dir: str | Path, sizes: dict[str, int | None] | None
 
 def build_wiki_slice_index(wiki_dir: str | Path, out_dir: str | Path, **kwargs: Any) -> Path:
     """Build a Lucene index of `wiki_slice_records(wiki_dir)` at `out_dir` and return its path."""
-    from retrieval_index.lucene import build_index
-
     records = list(wiki_slice_records(wiki_dir, kwargs.pop("sizes", None)))
     build_index(records, out_dir, progress=False, **kwargs)
     return Path(out_dir)

@@ -9,7 +9,7 @@
   per session into a temporary folder.
 - The example plug-in env package (tests/data/example_plugin) is put on sys.path and registered
   through its entry-point metadata, as an installed third-party package would be.
-- The contract suite (tests/test_contract.py) runs on every registered id; an env family whose envs
+- The env checker (tests/test_env_checker_on_every_env.py) runs on every registered id; an env family whose envs
   need options in tests (a server URL, a data path) provides a fixture named
   `contract_options_<family lowercased>` returning the keyword arguments for `gymnasium.make` (a dict,
   or a function `env id -> dict` where the ids of one family need different options).
@@ -222,7 +222,7 @@ def serve_policy_process(model: Path):
     import subprocess
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "serve-policy", "--model", str(model), "--port", "0",
+        [sys.executable, "-m", "agentgym_app.cli", "serve-policy", "--model", str(model), "--port", "0",
          "--name", "tiny", "--torch-threads", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )

@@ -1,17 +1,23 @@
 """The layers of the code, as the README's layout section draws them, held against every import.
 
-    app          agentgym_opsd/app        wires everything together (CLI, bench, report, demo, ...)
+    app          agentgym_app/            wires everything together (CLI, bench, report, demo, ...)
     trainer      trainer/                 credit, rows, teacher, local trainer, OpenRLHF bridge
     envs         environments/            one package per env family
     retrieval    retrieval_index/         Lucene index, Flask server, client (a library)
     contract     agentgym_opsd/           the env contract, registry, episodes, rollout
 
-An arrow may only point down: the app may import anything; the trainer and the envs import the
-contract (and envs the retrieval library), never each other; the retrieval library imports only the
-contract; the contract imports none of them. `trainer/credit/` is pure tensor math: it imports
-torch, numpy, the standard library and itself. Every import counts, also one inside a function (a
-lazy import is still an arrow). And no module takes another module's underscore names (`from x import
-_y`, `x._y`): what another module needs gets a public name.
+An arrow may only point down: the app may import anything and nothing imports the app; the trainer
+and the envs import the contract (and envs the retrieval library), never each other; the retrieval
+library imports only the contract; the contract imports none of them. `trainer/credit/` is pure
+tensor math: it imports torch, numpy, the standard library and itself. Every import counts, also one
+inside a function (a lazy import is still an arrow). No module takes another module's underscore
+names (`from x import _y`, `x._y`): what another module needs gets a public name.
+
+Our own modules import each other at the top of the file, where these tests see the arrows: a
+function may import a heavy third-party library (torch, transformers, pyserini, matplotlib, flask,
+...) when it runs, but not one of our modules (`LAZY_ALLOWED` holds the exceptions, each with its
+reason), and the imports at module level form no cycle. A command that must not load torch to
+start is named in the CLI's command table and imported by name when it runs.
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-OURS = ("agentgym_opsd", "environments", "retrieval_index", "trainer")
+OURS = ("agentgym_app", "agentgym_opsd", "environments", "retrieval_index", "trainer")
 
 
 def layer(module: str) -> str | None:
     """The layer of one of our modules, or None for a third-party or standard module."""
-    if module == "agentgym_opsd.app" or module.startswith("agentgym_opsd.app."):
+    if module == "agentgym_app" or module.startswith("agentgym_app."):
         return "app"
     top = module.split(".")[0]
     return {"agentgym_opsd": "contract", "environments": "envs", "retrieval_index": "retrieval",
@@ -97,9 +103,11 @@ def test_the_credit_core_imports_only_torch_numpy_and_itself():
 
 @pytest.mark.parametrize(
     "module,target,allowed",
-    [("trainer.rows", "environments.alfworld", False), ("agentgym_opsd.core", "agentgym_opsd.app.cli", False),
-     ("agentgym_opsd.app.demo", "trainer.local", True), ("environments.searchqa.env", "retrieval_index.client", True),
-     ("retrieval_index.cli", "agentgym_opsd.usage", True), ("environments.webshop", "trainer.teacher", False)],
+    [("trainer.rows", "environments.alfworld", False), ("agentgym_opsd.contract", "agentgym_app.cli", False),
+     ("agentgym_app.demo", "trainer.local", True), ("environments.searchqa.env", "retrieval_index.client", True),
+     ("retrieval_index.cli", "agentgym_opsd.usage", True), ("environments.webshop", "trainer.teacher", False),
+     ("agentgym_app.bench", "environments.alfworld.panel", True), ("trainer.local", "agentgym_app.cli", False),
+     ("agentgym_opsd.registry", "agentgym_app", False), ("retrieval_index.server", "agentgym_app.report", False)],
 )
 def test_the_rules_themselves(module, target, allowed):
     """The checker can fail: a few arrows and whether they are allowed."""
@@ -183,3 +191,168 @@ def test_no_module_takes_another_modules_underscore_names():
 def test_the_underscore_rule_itself(source, found):
     """The checker can fail: what it finds in a few lines of a module `trainer.teacher`."""
     assert [what for _, what in private_uses(source, "trainer.teacher", "trainer")] == found
+
+
+# ---------------------------------------------------------------------------------------------
+# Where an import stands: at module level, inside a function, or under `if TYPE_CHECKING:`.
+
+# In-function imports of our own modules that stay, with the reason for each (path, imported module).
+LAZY_ALLOWED: dict[tuple[str, str], str] = {
+    ("trainer/openrlhf/launch.py", "trainer.openrlhf.ray_trainer"): "OpenRLHF's Ray trainer actor subclassed: it "
+    "imports OpenRLHF and Ray (the [gpu] extra) at its top, so it loads only when a launch installs it",
+    ("trainer/sampling.py", "trainer.forward"): "the sampler is being rewritten on its own branch; that rewrite "
+    "moves this import to the top",
+}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def placed_imports(source: str, package: str) -> list[tuple[int, str, str]]:
+    """(line, module, place) of every import in `source`, place being "module" (runs on import, class
+    bodies and `try`/`if` blocks included), "function" (runs when a function does) or "typing" (under
+    `if TYPE_CHECKING:`, never runs)."""
+    out: list[tuple[int, str, str]] = []
+
+    def visit(node: ast.AST, place: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                out.extend((child.lineno, alias.name, place) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                source_module = imported_from(child, package)
+                for alias in child.names:  # `from pkg import module` imports pkg.module
+                    whole = f"{source_module}.{alias.name}"
+                    out.append((child.lineno, whole if is_our_module(whole) else source_module, place))
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                visit(child, "function")
+            elif isinstance(child, ast.If) and _is_type_checking(child.test) and place == "module":
+                for statement in child.body:
+                    visit(ast.Module(body=[statement], type_ignores=[]), "typing")
+                for statement in child.orelse:
+                    visit(ast.Module(body=[statement], type_ignores=[]), place)
+            else:
+                visit(child, place)
+
+    visit(ast.parse(source), "module")
+    return out
+
+
+def our_module(module: str) -> str | None:
+    """The deepest of our modules that `module` names or lies in (a name imported from a module is that
+    module), or None for a third-party or standard one."""
+    while module and not is_our_module(module):
+        module = module.rpartition(".")[0]
+    return module or None
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports at module level (importing `a.b` also runs package `a`
+    first, but that is the package's own order, not an arrow of the importer)."""
+    graph: dict[str, set[str]] = {}
+    for path, module, package in source_files():
+        targets = {our_module(target) for _, target, place in placed_imports(path.read_text(encoding="utf-8"), package)
+                   if place == "module"}
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (a list of modules, the first repeated at the end) through each group of modules that
+    import each other, directly or around a loop."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def strong(v: str) -> None:  # Tarjan's strongly connected components
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in order:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in order:
+            strong(v)
+    cycles = []
+    for group in groups:  # the shortest way from the group's first module back to it
+        start, inside = group[0], set(group)
+        paths = {start: [start]}
+        frontier = [start]
+        while frontier:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & inside):
+                    if w == start:
+                        cycles.append(paths[v] + [start])
+                        nxt = []
+                        break
+                    if w not in paths:
+                        paths[w] = paths[v] + [w]
+                        nxt.append(w)
+                else:
+                    continue
+                break
+            frontier = nxt
+    return cycles
+
+
+def test_no_import_cycles_at_module_level():
+    cycles = import_cycles(module_graph())
+    assert not cycles, "modules that import each other (move what both need into one of them, or below both):\n" + (
+        "\n".join(" -> ".join(c) for c in cycles))
+
+
+def test_our_modules_are_imported_at_the_top():
+    bad, used = [], set()
+    for path, _, package in source_files():
+        name = path.relative_to(REPO).as_posix()
+        for line, target, place in placed_imports(path.read_text(encoding="utf-8"), package):
+            mine = our_module(target)
+            if place != "function" or mine is None:
+                continue
+            if (name, mine) in LAZY_ALLOWED:
+                used.add((name, mine))
+            else:
+                bad.append(f"{name}:{line}: imports {mine} inside a function")
+    bad = list(dict.fromkeys(bad))  # one line per import statement
+    assert not bad, ("imports of our own modules inside functions (move them to the top of the file; a command "
+                     "that must start without torch is imported by name from the CLI's table):\n" + "\n".join(bad))
+    assert used == set(LAZY_ALLOWED), f"allowed but no longer there: {sorted(set(LAZY_ALLOWED) - used)}"
+
+
+@pytest.mark.parametrize(
+    "source,found",
+    [
+        ("from trainer import rows", [(1, "trainer.rows", "module")]),
+        ("def f():\n    import trainer.rows", [(2, "trainer.rows", "function")]),
+        ("class A:\n    def f(self):\n        from . import rows", [(3, "trainer.rows", "function")]),
+        ("f = lambda: __import__('x')\nfrom .rows import build_rows", [(2, "trainer.rows", "module")]),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainer.local import LocalTrainer",
+         [(1, "typing", "module"), (3, "trainer.local", "typing")]),
+        ("try:\n    import torch\nexcept ImportError:\n    torch = None", [(2, "torch", "module")]),
+    ],
+)
+def test_where_an_import_stands(source, found):
+    """The checker can fail: where the imports of a few lines of a module of package `trainer` stand."""
+    assert placed_imports(source, "trainer") == found
+
+
+def test_the_cycle_finder_itself():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert import_cycles(graph) == [["a", "b", "c", "a"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []

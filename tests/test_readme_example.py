@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gymnasium as gym
 
-from agentgym_opsd.contract import check_text_env
+from agentgym_opsd.env_checker import check_text_env
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

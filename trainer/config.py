@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import agentgym_opsd
-from trainer.credit.config import METHODS
+from trainer.credit.config import METHODS, CreditConfig
+from trainer.env_knowledge import credit_config
 
-__all__ = ["TrainConfig", "TrainError", "RESUMABLE_CHANGES", "AUTOCAST"]
+__all__ = ["TrainConfig", "TrainError", "RESUMABLE_CHANGES", "AUTOCAST", "PRIVILEGED_CONTEXTS"]
 
 AUTOCAST = ("none", "bf16", "auto")
+# The teacher contexts a literate warm start teaches in (`sft_privileged_context`, trainer.warm_start).
+PRIVILEGED_CONTEXTS = ("both", "hindsight", "skills")
 
 
 class TrainError(ValueError):
@@ -135,8 +138,6 @@ class TrainConfig:
             raise TrainError(
                 "--sft-privileged must be in [0, 1] (the share of warm-start episodes taught with privileged context)"
             )
-        from trainer.warm_start import PRIVILEGED_CONTEXTS
-
         if self.sft_privileged_context not in PRIVILEGED_CONTEXTS:
             raise TrainError(f"--sft-privileged-context {self.sft_privileged_context!r}: "
                              f"use one of {', '.join(PRIVILEGED_CONTEXTS)}")
@@ -156,9 +157,6 @@ class TrainConfig:
         """The credit core's settings: the defaults for this env family and method
         (docs/credit.md#configuration), with
         `credit` overrides (unknown keys and bad values are a TrainError)."""
-        from trainer.credit import CreditConfig
-        from trainer.env_knowledge import credit_config
-
         known = {f.name for f in dataclasses.fields(CreditConfig)}
         unknown = set(self.credit) - known
         if unknown:

@@ -5,12 +5,12 @@ An env with `turn_labels=True` labels each turn in `Hindsight.details["turn_labe
 moved the task forward: ALFWorld's expert plan got shorter, a WebShop search found the target, a Search-QA
 search found the gold answer) and `expert_action` (what the env's expert would have done there).
 `EpisodeItems` turns one method's `CreditParts` (from `compute_advantages(..., return_parts=True)`, e.g.
-`trainer.credit_records.credit_pass`) into per-episode (scores, labels) items; `within_auc`, `pooled_auc`
+`trainer.credit_pass.credit_pass`) into per-episode (scores, labels) items; `within_auc`, `pooled_auc`
 and `beyond_auc` score them, one value per row of bootstrap counts (`resample_counts`; ones for the
 sample itself), and `interval` gives the point value with its 95% interval.
 
 Used by `benchmarks/credit_quality.py` (every method, every family) and by the demo's reading-teacher
-section (`agentgym_opsd.app.reading_teacher`).
+section (`agentgym_app.reading_teacher`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from agentgym_opsd.parsing import parse_action
+from trainer.chat import generated_char_offsets
 
 __all__ = ["EpisodeItems", "Items", "Paired", "auc", "beyond_auc", "expert_action_marks", "interval", "pooled_auc",
            "resample_counts", "side_items", "within_auc"]
@@ -155,9 +158,6 @@ def expert_action_marks(tokenizer, rows, r, k, response: str, expert_action: str
     """For the scored tokens of turn k in row r: 1 where the token's characters lie in a word of the
     agent's action that agrees with the expert's action (same word at the same place), 0 where it
     departs, None for tag and punctuation tokens (neither)."""
-    from agentgym_opsd.parsing import parse_action
-    from trainer.chat import generated_char_offsets
-
     parsed = parse_action(response, ("action", "search", "answer"))
     if parsed.span is None or expert_action is None:
         return None

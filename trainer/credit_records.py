@@ -3,7 +3,7 @@
 The local trainer writes, for each episode it updated on, what its credit method gave each turn
 (`update_credit_records`, from the `CreditParts` of the very `compute_advantages` call whose
 advantages the update used), to `credit.jsonl` in its run folder. The report reads them
-(`agentgym_opsd.app.report`); nothing recomputes them.
+(`agentgym_app.report`); nothing recomputes them.
 It lives in `Episode.meta["credit"]` (saved with the episode in its JSONL), keyed by method:
 
     episode.meta["credit"] = {
@@ -49,7 +49,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CREDIT_KEY", "TURN_FIELDS", "credit_record", "check_credit", "update_credit_records", "credit_pass"]
+__all__ = ["CREDIT_KEY", "TURN_FIELDS", "credit_record", "check_credit", "update_credit_records"]
 
 
 CREDIT_KEY = "credit"
@@ -154,29 +154,6 @@ def credit_record(
     if update is not None:
         record["update"] = update
     return check_credit(record, turns)
-
-
-def credit_pass(student, teacher, tokenizer, episodes, config, step: int = 0, *, temperature: float = 1.0):
-    """What an update computes for `episodes` (the local trainer runs the same steps): token rows, the
-    student's log-probs, the teacher's with privileged context (for the methods that have one), and
-    `compute_advantages(..., return_parts=True)`. Returns (rows, student log-probs, parts).
-
-    For a benchmark or a report of credit without a training run (`benchmarks/credit_quality.py`).
-    """
-    from trainer.credit import compute_advantages
-    from trainer.forward import row_logprobs
-    from trainer.rows import build_rows
-    from trainer.teacher import score_teacher
-
-    rows = build_rows(list(episodes), tokenizer, span_mode=config.span_mode)
-    lp_student = row_logprobs(student, rows, temperature=temperature)
-    if config.needs_teacher:
-        scores = score_teacher(teacher, tokenizer, list(episodes), rows, config, temperature=temperature)
-        batch = rows.credit_batch(lp_student, scores.logprobs, scores.scored, scores.truncated)
-    else:
-        batch = rows.credit_batch(lp_student)
-    _, _, parts = compute_advantages(batch, config, step, return_parts=True)
-    return rows, lp_student, parts
 
 
 def update_credit_records(episodes, rows, parts, *, method: str, update: int | None, tokenizer) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ learning curves as PNG, the final model (`model/`, loadable as `hf:OUT/model`) a
 
 from __future__ import annotations
 
+import argparse
 import copy
 import math
 import random
@@ -42,15 +43,24 @@ from agentgym_opsd.episode import Episode, save_episodes
 from agentgym_opsd.io import append_jsonl, atomic_directory, atomic_write_json, read_jsonl_numbered
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
+from agentgym_opsd.usage import UsageError, make_env_factory
 from trainer.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from trainer.config import TrainConfig, TrainError
+from trainer.credit import compute_advantages
+from trainer.credit_records import update_credit_records
+from trainer.forward import row_logprobs
 from trainer.loss import ppo_update
 from trainer.memory import peak_memory_gb, release_freed_memory, reset_peak_memory
-from trainer.policy import TinyModelSpec, load_policy, parameter_count
+from trainer.plots import plot_run
+from trainer.policy import PolicyLoadError, TinyModelSpec, autocast_context, load_policy, parameter_count
+from trainer.rows import build_rows
 from trainer.sampling import HFPolicyAgent
+from trainer.teacher import score_teacher
+from trainer.train_cli import config_from_args
+from trainer.trainable import TrainableError, merged_for_saving, select_trainable
 from trainer.warm_start import expert_episodes, sft
 
-__all__ = ["LocalTrainer", "TrainConfig", "TrainError", "sampling_consistency", "train"]
+__all__ = ["LocalTrainer", "TrainConfig", "TrainError", "run_from_args", "sampling_consistency", "train"]
 
 
 def sampling_consistency(rows, old_logp: torch.Tensor) -> dict[str, float]:
@@ -138,8 +148,6 @@ class LocalTrainer:
 
     def select_trainable(self, model):
         """The weights this run trains: all, the top layers, or LoRA adapters (`trainer.trainable`)."""
-        from trainer.trainable import TrainableError, select_trainable
-
         cfg = self.config
         try:
             return select_trainable(model, train_layers=cfg.train_layers, lora_rank=cfg.lora_rank,
@@ -152,8 +160,6 @@ class LocalTrainer:
         """The context the run's forward and backward passes run in (`--autocast`). When it ends, the
         memory the phase freed goes back to the system (`trainer.memory`): a process between phases
         holds its live memory, not its last peak, so runs side by side fit where their peaks would not."""
-        from trainer.policy import autocast_context
-
         try:
             with autocast_context(self.config.autocast, next(self.model.parameters()).device):
                 yield
@@ -270,7 +276,6 @@ class LocalTrainer:
         consistency = sampling_consistency(rows, old_logp)
         advantages, diagnostics, extra = self.advantages(played, rows, old_logp)
         if self.config.credit_records:  # what this update gives each turn, for the report (trainer.credit_records)
-            from trainer.credit_records import update_credit_records
 
             records = update_credit_records(played, rows, self.last_credit, method=self.config.method,
                                             update=self.step + 1, tokenizer=self.tokenizer)
@@ -322,10 +327,6 @@ class LocalTrainer:
         return record
 
     def finish(self) -> dict[str, Any]:
-        from trainer.plots import plot_run
-
-        from trainer.trainable import merged_for_saving
-
         with atomic_directory(self.out / "model") as tmp:  # `hf:OUT/model` is whole or absent, adapters merged
             merged_for_saving(self.model).save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
@@ -380,8 +381,6 @@ class LocalTrainer:
 
     def rows(self, episodes: Sequence[Episode]):
         """Token rows of finished episodes (`trainer.rows.build_rows`), cut at the model's context."""
-        from trainer.rows import build_rows
-
         return build_rows(list(episodes), self.tokenizer, span_mode=self.credit.span_mode,
                           chat_template_kwargs=self.config.chat_template_kwargs,
                           max_length=getattr(self.model.config, "max_position_embeddings", None))
@@ -389,8 +388,6 @@ class LocalTrainer:
     def logprobs(self, model, rows) -> torch.Tensor:
         """[R, T] log-probs of the generated tokens under `model` (0 elsewhere), no grad, at the
         rollout's temperature: the one scoring path the teacher uses too (`trainer.forward`)."""
-        from trainer.forward import row_logprobs
-
         with self.compute():
             return row_logprobs(model, rows, micro_batch_tokens=self.config.micro_batch_tokens,
                                 temperature=self._train_temperature())
@@ -407,7 +404,6 @@ class LocalTrainer:
         for GRPO and GiGPO."""
         if not self.credit.needs_teacher:
             return None
-        from trainer.teacher import score_teacher
 
         with self.compute():
             return score_teacher(self.teacher(), self.tokenizer, list(episodes), rows, self.credit, strategy=strategy,
@@ -418,8 +414,6 @@ class LocalTrainer:
         """Per-token advantages from the credit core (`compute_advantages`), its diagnostics, and
         extra metrics (the teacher's cost). `scores`: the teacher's, when already computed. The
         call's intermediates (`CreditParts`) are kept in `self.last_credit` for the credit records."""
-        from trainer.credit import compute_advantages
-
         extra: dict[str, Any] = {}
         if scores is None and self.credit.needs_teacher:
             t0 = time.perf_counter()
@@ -506,3 +500,19 @@ class LocalTrainer:
 def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) a training run; returns its report."""
     return LocalTrainer(config, resume=resume, progress=progress).run()
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run `agentgym-opsd train` (its arguments: `trainer.train_cli.train_arguments`)."""
+    config = config_from_args(args)
+    try:
+        config.validate()
+        make_env_factory(config.env_id, config.env_options)  # unknown id or bad options: one line, now
+        report = LocalTrainer(config, resume=args.resume, progress=args.progress).run()
+    except (TrainError, PolicyLoadError) as e:
+        raise UsageError(f"train: {e}") from None
+    before, after = report.get("success_before"), report.get("success_after")
+    if before is not None:
+        print(f"held-out success: {100 * before:.1f}% before RL -> {100 * after:.1f}% after {report['steps']} updates")
+    print(f"wrote {config.out} (metrics.jsonl, curves/, model/, report.json)")
+    return 0

@@ -9,7 +9,8 @@
   the fly with the `tokenizers` library on text from the env (`corpus`), with a ChatML template: a
   vocabulary of a few thousand tokens keeps a CPU run fast.
 
-Devices: CPU by default; CUDA in bf16 when a GPU is present (`device="auto"`).
+Devices: CPU by default; CUDA in bf16 when a GPU is present (`device="auto"`). torch and transformers load
+when a function needs them, so that the CLI can check an `hf:` agent and pin its threads without them.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from trainer.models import NAMED_MODELS, NamedModelError, resolve_model
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -171,8 +175,6 @@ def load_hf_policy(path: str | Path, *, device: str = "auto", dtype: str = "auto
     `path` is a model folder or a named model (`trainer.models.NAMED_MODELS`: `smollm2-135m`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.models import NAMED_MODELS, NamedModelError, resolve_model
-
     try:
         path = resolve_model(path)
     except NamedModelError as e:
@@ -276,6 +278,7 @@ def load_tokenizer(path: str | os.PathLike[str]):
 
 def build_tiny_model(tokenizer, *, seed: int = 0, spec: TinyModelSpec | None = None):
     """A randomly initialised Qwen3 causal LM over `tokenizer`'s vocabulary, the same for the same seed."""
+    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     spec = spec or TinyModelSpec()
@@ -318,6 +321,8 @@ def load_policy(
         device, dtype: see `resolve_device` and `resolve_dtype`.
         tiny: sizes of the tiny model.
     """
+    import torch
+
     device = device if isinstance(device, torch.device) else resolve_device(device)
     dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, device)
     if model == "tiny":

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from agentgym_opsd.context import Message
-from agentgym_opsd.core import TextEnv
+from agentgym_opsd.contract import TextEnv
 from agentgym_opsd.episode import TurnTokens
 from trainer.chat import framing_for
 from trainer.policy import end_of_turn_ids

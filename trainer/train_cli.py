@@ -1,7 +1,7 @@
 """`agentgym-opsd train`: the local trainer on the command line.
 
-This module stays light (argparse only): torch, transformers and the trainer are imported when the
-command runs.
+The arguments and the run's `TrainConfig` live here, without torch; the CLI's command table runs the
+command with `trainer.local.run_from_args`, which loads the trainer.
 
     agentgym-opsd train --env ENV_ID --method {grpo,gigpo,stepopsd,agentopsd} --model PATH|tiny
         [--sft-episodes N] [--steps N] [--group-size G] [--tasks-per-step T] [--out DIR] [--resume] ...
@@ -15,24 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
-from trainer.credit.config import (
-    METHODS,  # no torch: the credit package loads its tensor code lazily
-)
+from agentgym_opsd.usage import UsageError, parse_options
+from trainer.config import TrainConfig
+from trainer.credit.config import METHODS
 
-__all__ = ["add_parser", "config_from_args"]
+__all__ = ["train_arguments", "config_from_args"]
 
 
-def add_parser(subparsers: Any) -> None:
-    S = argparse.SUPPRESS  # only the options given on the command line reach the config
-    p = subparsers.add_parser(
-        "train",
-        help="train a policy with per-turn credit (GRPO, GiGPO, StepOPSD, AgentOPSD) on this machine",
-        description="SFT warm start on expert episodes, then RL updates with per-turn credit; evaluates on a "
-        "held-out panel and writes metrics, TensorBoard events, curves, checkpoints and the model under --out.",
-        argument_default=S,
-    )
+def train_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `agentgym-opsd train` (on the parser the CLI made for it)."""
+    p.description = ("SFT warm start on expert episodes, then RL updates with per-turn credit; evaluates on a "
+                     "held-out panel and writes metrics, TensorBoard events, curves, checkpoints and the model "
+                     "under --out.")
+    p.argument_default = argparse.SUPPRESS  # only the options given on the command line reach the config
     p.add_argument("--env", dest="env_id", help="env id to train on (see `agentgym-opsd list`)")
     p.add_argument("--method", choices=METHODS, help="credit assignment (default grpo)")
     p.add_argument("--model", help="a local transformers model folder with a chat template, a named model "
@@ -105,14 +101,10 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--device", help="auto (default: CUDA when present), cpu, cuda")
     g.add_argument("--dtype", help="auto (default: bf16 on CUDA, float32 on CPU), float32, bfloat16")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bars")
-    p.set_defaults(func=_cmd_train)
 
 
 def config_from_args(args: argparse.Namespace):
     """The run's TrainConfig: the command line, or (with --resume) the saved config updated by it."""
-    from agentgym_opsd.usage import UsageError, parse_options
-    from trainer.local import TrainConfig
-
     given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "resume", "progress")}
     for flag, key in (("option", "env_options"), ("eval_option", "eval_env_options"), ("credit", "credit")):
         if flag in given:
@@ -130,22 +122,3 @@ def config_from_args(args: argparse.Namespace):
         raise UsageError(
             "train: --env is required (e.g. --env agentgym/ALFWorld-Pick-v0; `agentgym-opsd list` shows them)")
     return TrainConfig(**given)
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from agentgym_opsd.usage import UsageError, make_env_factory
-    from trainer.local import LocalTrainer, TrainError
-    from trainer.policy import PolicyLoadError
-
-    config = config_from_args(args)
-    try:
-        config.validate()
-        make_env_factory(config.env_id, config.env_options)  # unknown id or bad options: one line, now
-        report = LocalTrainer(config, resume=args.resume, progress=args.progress).run()
-    except (TrainError, PolicyLoadError) as e:
-        raise UsageError(f"train: {e}") from None
-    before, after = report.get("success_before"), report.get("success_after")
-    if before is not None:
-        print(f"held-out success: {100 * before:.1f}% before RL -> {100 * after:.1f}% after {report['steps']} updates")
-    print(f"wrote {config.out} (metrics.jsonl, curves/, model/, report.json)")
-    return 0

@@ -34,13 +34,16 @@ from tqdm.auto import tqdm
 
 from agentgym_opsd.agents import ExpertAgent
 from agentgym_opsd.episode import Episode, save_episodes
+from agentgym_opsd.parsing import parse_action
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from trainer.config import TrainConfig, TrainError
+from trainer.env_knowledge import credit_config
 from trainer.forward import block_causal_mask, token_logprobs
 from trainer.loss import micro_batches
+from trainer.rows import build_rows
+from trainer.teacher import agentopsd_sequences, stepopsd_inserts
 
 __all__ = [
-    "PRIVILEGED_CONTEXTS",
     "PerturbedExpert",
     "SFTExample",
     "expert_episodes",
@@ -50,9 +53,6 @@ __all__ = [
     "sft_epoch",
     "sft_targets",
 ]
-
-PRIVILEGED_CONTEXTS = ("both", "hindsight", "skills")
-
 
 class PerturbedExpert:
     """The env's expert with random detours (DART-style state perturbation).
@@ -186,10 +186,6 @@ def privileged_examples(
     every detour turn (the corrections) and `turns_per_episode` of its other turns, drawn with
     `seed`; a turn whose conversation, block and target exceed `max_length` is left out.
     """
-    from agentgym_opsd.parsing import parse_action
-    from trainer.rows import build_rows
-    from trainer.teacher import agentopsd_sequences, stepopsd_inserts
-
     out: list[SFTExample] = []
     kwargs = dict(chat_template_kwargs or {})
     if hindsight_config is not None and episodes:
@@ -308,7 +304,6 @@ def privileged_sft_examples(config: TrainConfig, tokenizer, played: list[Episode
     played expert episodes, both outcomes, in the contexts `sft_privileged_context` names."""
     if config.sft_privileged <= 0 or not played:
         return []
-    from trainer.env_knowledge import credit_config
 
     pick = np.random.default_rng(config.seed + 11).random(len(played)) < config.sft_privileged
     chosen = [e for e, keep in zip(played, pick, strict=True) if keep]

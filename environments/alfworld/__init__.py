@@ -11,6 +11,9 @@ This module stays light: registering imports nothing heavy; the engine loads whe
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from agentgym_opsd.registry import notes_folder, register_env
 from environments.alfworld.expert import (
     TASK_TYPES,  # a light module (no engine imports)
 )
@@ -61,10 +64,6 @@ SKILL_ALIASES = {
 
 def register() -> None:
     """Register the ALFWorld ids (the `agentgym_opsd.envs` entry point)."""
-    from pathlib import Path
-
-    from agentgym_opsd.registry import notes_folder, register_env
-
     notes = notes_folder(Path(__file__).with_name("skills"), SKILL_ALIASES)
 
     for name, (subset, task_types) in IDS.items():

@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.io import DataFileError, parse_json
+from agentgym_opsd.io import DataFileError, atomic_write_bytes, parse_json
 from environments.alfworld.grammar import GameFileError, Grammar, Renderer, TextWorldImports, grammar_for
 from environments.alfworld.paths import alfworld_package_dir, cache_root
 
@@ -377,8 +377,6 @@ def _load_translation(path: Path) -> dict[str, Any] | None:
 
 
 def _save_translation(path: Path, translation: dict[str, Any]) -> None:
-    from agentgym_opsd.io import atomic_write_bytes
-
     try:
         atomic_write_bytes(path, gzip.compress(json.dumps(translation).encode("utf-8"), compresslevel=5, mtime=0))
     except OSError:  # a read-only cache only costs speed

@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from environments.alfworld.expert import TASK_TYPES
 
 __all__ = ["GameEntry", "resolve_data_root", "discover_games", "read_traj_data", "read_task_params"]

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.core import EnvUnavailable, Hindsight, TextEnv, Transition, hash_state
+from agentgym_opsd.contract import EnvUnavailable, Hindsight, TextEnv, Transition, hash_state
 from agentgym_opsd.parsing import ParsedAction
 from environments.alfworld.compiled import compile_game
 from environments.alfworld.data import GameEntry, discover_games, read_task_params, resolve_data_root

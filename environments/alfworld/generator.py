@@ -46,7 +46,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from environments.alfworld.expert import TASK_TYPES, TaskSpec, World, plan
+from environments.alfworld.compiled import compile_game
+from environments.alfworld.engine import AlfredEngine
+from environments.alfworld.expert import TASK_TYPES, ExpertError, TaskSpec, World, plan
+from environments.alfworld.grammar import GameFileError
 from environments.alfworld.paths import alfworld_package_dir, import_alfworld
 
 __all__ = [
@@ -445,11 +448,6 @@ def _problem_text(task_type: str, params: dict[str, Any], receptacles: list[_Rec
 
 def solve_draft(draft: GameDraft, engine=None, *, max_steps: int = MAX_WALKTHROUGH, cache_dir=None) -> list[str] | None:
     """Play the expert on the real engine; its commands if it wins within `max_steps`, else None."""
-    from environments.alfworld.compiled import compile_game
-    from environments.alfworld.engine import AlfredEngine
-    from environments.alfworld.expert import ExpertError
-    from environments.alfworld.grammar import GameFileError
-
     own = engine is None
     engine = engine or AlfredEngine()
     try:

@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.io import atomic_write_json, atomic_write_text
+from environments.alfworld.engine import AlfredEngine
 from environments.alfworld.expert import SUBSET_OF_TYPE, TASK_TYPES
-from environments.alfworld.generator import GENERATOR_VERSION, ROOMS, room_settings
+from environments.alfworld.generator import GENERATOR_VERSION, ROOMS, generate_game, room_settings
 from environments.alfworld.paths import cache_root
 
 __all__ = ["PanelSpec", "DEFAULT_SIZES", "SPLITS", "MIXES", "ALFWORLD_TRAIN_COUNTS", "ensure_panel", "panel_dir",
@@ -165,10 +167,6 @@ _WORKER_ENGINE = None
 def _make_game(job: tuple) -> tuple[str, str, str, int]:
     """Worker: generate one game and write its folder under `staging`; returns (split, type, relpath, steps)."""
     global _WORKER_ENGINE
-    from environments.alfworld.engine import AlfredEngine
-    from environments.alfworld.generator import generate_game
-
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text
 
     staging, cache, seed, room, split, task_type, index, max_receptacles = job
     if _WORKER_ENGINE is None:
@@ -234,7 +232,6 @@ def ensure_panel(
         shutil.rmtree(staging, ignore_errors=True)
         try:
             manifests = _generate(spec, missing, staging, _root(root), workers=workers, progress=progress)
-            from agentgym_opsd.io import atomic_write_json
 
             for split in missing:
                 target = folder / "json_2.1.1" / split

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.paths import cache_dir
 
 __all__ = ["cache_root", "import_alfworld", "alfworld_package_dir"]
@@ -31,8 +32,6 @@ def import_alfworld(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        from agentgym_opsd.core import EnvUnavailable
-
         raise EnvUnavailable(
             f"ALFWorld needs the `alfworld` package ({e}): pip install alfworld==0.4.2 textworld==1.7.0 "
             "(without extras; the venv's bin must be on PATH while textworld builds fast-downward)"
@@ -45,8 +44,6 @@ def alfworld_package_dir() -> Path:
 
     spec = importlib.util.find_spec("alfworld")
     if spec is None or not spec.submodule_search_locations:
-        from agentgym_opsd.core import EnvUnavailable
-
         raise EnvUnavailable("ALFWorld needs the `alfworld` package: pip install alfworld==0.4.2 textworld==1.7.0")
     return Path(list(spec.submodule_search_locations)[0])
 

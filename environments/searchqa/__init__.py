@@ -13,15 +13,14 @@ Light at import (the entry point runs at `import agentgym_opsd`): the env module
 
 from __future__ import annotations
 
-__all__ = ["register", "DATASETS"]
+from pathlib import Path
 
-# dataset -> (splits, default split)
-DATASETS: dict[str, tuple[tuple[str, ...], str]] = {
-    "nq": (("train", "dev", "test"), "test"),
-    "triviaqa": (("train", "dev", "test"), "test"),
-    "hotpotqa": (("train", "dev"), "dev"),
-    "synthetic": (("train", "test"), "test"),
-}
+from agentgym_opsd.agents import register_agent
+from agentgym_opsd.registry import notes_folder, register_env
+from environments.searchqa.data import DATASETS, default_data_file, load_questions
+from environments.searchqa.synthetic import synthetic_questions
+
+__all__ = ["register", "DATASETS"]
 
 _IDS = {
     "agentgym/SearchQA-NQ-v0": ("nq", "Natural Questions (NQ-open) with a BM25 search tool"),
@@ -35,11 +34,7 @@ _IDS = {
 def _sizes(dataset: str):
     def size(split: str) -> int:
         if dataset == "synthetic":
-            from environments.searchqa.synthetic import synthetic_questions
-
             return len(synthetic_questions(split))
-        from environments.searchqa.data import default_data_file, load_questions
-
         path = default_data_file(dataset, split)
         if not path.is_file():
             raise FileNotFoundError("not fetched")
@@ -65,11 +60,6 @@ SKILL_ALIASES = {
 
 def register() -> None:
     """Register the Search-QA ids and agents (the `agentgym_opsd.envs` entry point)."""
-    from pathlib import Path
-
-    from agentgym_opsd.agents import register_agent
-    from agentgym_opsd.registry import notes_folder, register_env
-
     notes = notes_folder(Path(__file__).with_name("skills"), SKILL_ALIASES)
 
     for env_id, (dataset, description) in _IDS.items():

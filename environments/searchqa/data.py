@@ -28,9 +28,16 @@ from typing import Any
 
 from agentgym_opsd.io import DataFileError, parse_json, read_file_bytes
 from agentgym_opsd.paths import cache_dir
-from environments.searchqa import DATASETS
 
 __all__ = ["DATASETS", "QAExample", "load_questions", "detect_format", "data_home", "default_data_file", "FORMATS"]
+
+# dataset -> (splits, default split)
+DATASETS: dict[str, tuple[tuple[str, ...], str]] = {
+    "nq": (("train", "dev", "test"), "test"),
+    "triviaqa": (("train", "dev", "test"), "test"),
+    "hotpotqa": (("train", "dev"), "dev"),
+    "synthetic": (("train", "test"), "test"),
+}
 
 FORMATS = ("nq_open", "triviaqa", "hotpotqa_simplified", "hotpotqa_distractor", "flashrag")
 

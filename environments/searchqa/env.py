@@ -27,13 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from agentgym_opsd.core import EnvUnavailable, Hindsight, TextEnv, Transition, hash_state
+from agentgym_opsd.contract import EnvUnavailable, Hindsight, TextEnv, Transition, hash_state
 from agentgym_opsd.io import DataFileError
 from agentgym_opsd.parsing import ParsedAction
 from environments.searchqa.data import DATASETS, QAExample, default_data_file, load_questions
 from environments.searchqa.metrics import normalize_answer, score_answer
+from environments.searchqa.synthetic import ensure_synthetic_index, synthetic_questions
 from retrieval_index.client import RetrievalClient, default_url
 from retrieval_index.corpus import Hit, split_title
+from retrieval_index.process import ServerStartError, shared_server
 
 __all__ = ["SearchQAEnv", "DATASETS", "format_information", "build_instructions"]
 
@@ -130,8 +132,6 @@ class SearchQAEnv(TextEnv):
 
     def _load_examples(self, data_file: str | None, limit: int | None, splits: tuple[str, ...]) -> list[QAExample]:
         if self.dataset == "synthetic" and data_file is None:
-            from environments.searchqa.synthetic import synthetic_questions
-
             examples = synthetic_questions(self.split)
             return examples[:limit] if limit is not None else examples
         if data_file is None:
@@ -156,11 +156,7 @@ class SearchQAEnv(TextEnv):
         if server_url:
             return server_url
         if index_dir is not None or self.dataset == "synthetic":
-            from retrieval_index.process import ServerStartError, shared_server
-
             if index_dir is None:
-                from environments.searchqa.synthetic import ensure_synthetic_index
-
                 index_dir = str(ensure_synthetic_index())
             try:
                 return shared_server(index_dir).url

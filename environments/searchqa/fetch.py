@@ -28,9 +28,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.usage import UsageError
 from environments.searchqa.data import data_home, default_data_file, load_questions
+from retrieval_index.corpus import normalize_record
+from retrieval_index.lucene import build_index
 
-__all__ = ["FLASHRAG_BASE_URL", "WIKI18_URL", "QUESTION_SETS", "fetch_questions", "fetch_corpus", "add_parser"]
+__all__ = ["FLASHRAG_BASE_URL", "WIKI18_URL", "QUESTION_SETS", "fetch_questions", "fetch_corpus", "data_arguments"]
 
 FLASHRAG_BASE_URL = "https://huggingface.co/datasets/RUC-NLPIR/FlashRAG_datasets/resolve/main"
 WIKI18_URL = "https://huggingface.co/datasets/PeterJinGo/wiki-18-corpus/resolve/main/wiki-18.jsonl.gz"
@@ -146,8 +149,6 @@ def fetch_corpus(
     force: bool = False,
 ) -> Path:
     """Download a passage corpus (`wiki-18`) to `corpus_path(name)`; with `build`, index it at `index_path(name)`."""
-    from retrieval_index.corpus import normalize_record
-
     if name not in CORPORA and url is None:
         raise ValueError(f"unknown corpus {name!r}; choose from {', '.join(CORPORA)} or pass --url")
     url = _as_url(url) if url else CORPORA[name]
@@ -166,8 +167,6 @@ def fetch_corpus(
         finally:
             tmp.unlink(missing_ok=True)
     if build:
-        from retrieval_index.lucene import build_index
-
         build_index(target, index_path(name), threads=threads, progress=progress, overwrite=True)
     return target
 
@@ -189,8 +188,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from agentgym_opsd.usage import UsageError
-
     try:
         if args.name in CORPORA:
             path = fetch_corpus(args.name, url=args.url, build=args.index, threads=args.threads,
@@ -210,8 +207,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("searchqa-data", help="fetch the public Search-QA question sets and the wiki-18 corpus")
+def data_arguments(p: argparse.ArgumentParser) -> None:
+    """The subcommands and arguments of `agentgym-opsd searchqa-data` (on the parser the CLI made for it)."""
     sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND", parser_class=type(p))
     sub.required = True
     ls = sub.add_parser("list", help="the sets and corpora, and which are here")

@@ -18,7 +18,7 @@ from typing import Any
 
 from agentgym_opsd.agents import AgentError
 from agentgym_opsd.context import Message
-from agentgym_opsd.core import TextEnv
+from agentgym_opsd.contract import TextEnv
 
 __all__ = ["OracleAgent", "RetrievalBaselineAgent", "candidate_answer"]
 

@@ -29,6 +29,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from environments.searchqa.data import QAExample, data_home
+from retrieval_index.lucene import BM25Searcher, build_index, read_index_info
+from retrieval_index.process import RetrievalServer
 
 __all__ = [
     "SYNTHETIC_VERSION",
@@ -318,8 +320,6 @@ def ensure_synthetic_index(root: str | Path | None = None, *, progress: bool = F
     Cached at `root` (default `data_home()/searchqa/synthetic`) under a name that changes whenever
     the corpus does, so a stale index is never served.
     """
-    from retrieval_index.lucene import BM25Searcher, build_index, read_index_info
-
     base = Path(root) if root is not None else data_home() / "searchqa" / "synthetic"
     index_dir = base / f"index-v{SYNTHETIC_VERSION}-{corpus_fingerprint()}"
     info = read_index_info(index_dir)
@@ -337,6 +337,4 @@ def serve_synthetic(root: str | Path | None = None, *, port: int | None = None):
     `make demo`: `with serve_synthetic() as server: gym.make("agentgym/SearchQA-Synthetic-v0", server_url=server.url)`.
     (Without `server_url` the env starts such a server itself, once per process.)
     """
-    from retrieval_index.process import RetrievalServer
-
     return RetrievalServer(ensure_synthetic_index(root), port=port).start()

@@ -11,14 +11,17 @@ when an env is made.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from agentgym_opsd.registry import notes_folder, register_env
+from environments.webshop.world import get_world
+
 __all__ = ["register", "ENV_ID"]
 
 ENV_ID = "agentgym/WebShop-v0"
 
 
 def _split_size(split: str) -> int:
-    from environments.webshop.world import get_world  # noqa: PLC0415 (loads the catalog)
-
     return len(get_world().splits[split])
 
 
@@ -32,10 +35,6 @@ SKILL_ALIASES = {"food": "grocery", "furniture": "garden", "home": "garden", "ki
 
 def register() -> None:
     """Register `agentgym/WebShop-v0` (entry point of the `agentgym_opsd.envs` group)."""
-    from pathlib import Path  # noqa: PLC0415
-
-    from agentgym_opsd.registry import notes_folder, register_env  # noqa: PLC0415
-
     register_env(
         ENV_ID,
         "environments.webshop.env:WebShopEnv",

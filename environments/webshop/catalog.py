@@ -35,7 +35,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.io import DataFileError, iter_json_array, read_json_file, read_jsonl_numbered
 
 __all__ = [

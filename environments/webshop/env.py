@@ -49,7 +49,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.core import Hindsight, TextEnv, Transition, hash_state
+from agentgym_opsd.contract import Hindsight, TextEnv, Transition, hash_state
 from agentgym_opsd.parsing import ParsedAction
 from environments.webshop.catalog import Product
 from environments.webshop.goals import SPLITS, Goal

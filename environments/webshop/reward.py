@@ -58,7 +58,7 @@ from typing import Any
 from rapidfuzz import fuzz
 from rapidfuzz.utils import default_process
 
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from environments.webshop.catalog import Product
 from environments.webshop.goals import Goal
 

@@ -20,9 +20,10 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.paths import cache_dir
 from environments.webshop.catalog import Catalog
+from retrieval_index.lucene import BM25Searcher, build_index_in_child
 
 __all__ = ["ProductSearch", "clean_query", "SEARCH_RETURN_N", "PRODUCTS_PER_PAGE", "MAX_QUERY_WORDS"]
 
@@ -59,8 +60,6 @@ class _Documents:
 
 
 def _build(catalog: Catalog, target: Path, progress: bool) -> None:
-    from retrieval_index.lucene import build_index_in_child  # noqa: PLC0415
-
     try:
         # In a child process: the indexing JVM's heap (it grows with the catalog) goes when it exits
         # instead of staying in every env process. It writes beside `target` and renames into place:
@@ -94,7 +93,6 @@ class ProductSearch:
         try:
             if not _has_index(folder):
                 _build(catalog, folder, progress)
-            from retrieval_index.lucene import BM25Searcher  # noqa: PLC0415
 
             self._searcher = BM25Searcher(str(folder))
         except (ImportError, RuntimeError, OSError) as e:

@@ -9,7 +9,7 @@ import warnings
 import gymnasium as gym
 
 import agentgym_opsd
-from agentgym_opsd.contract import check_text_env
+from agentgym_opsd.env_checker import check_text_env
 from agentgym_opsd.registry import (
     ENTRY_POINT_GROUP,
     env_description,

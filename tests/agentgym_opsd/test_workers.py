@@ -16,7 +16,7 @@ import pytest
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, Hindsight, TextEnv, Transition, hash_state, run_episodes
 from agentgym_opsd.agents import AgentError, ExpertAgent, RandomAgent
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.workers import EnvFactory, EnvFailure, WorkerEnv, default_start_method
 
 REPO = Path(__file__).resolve().parents[2]

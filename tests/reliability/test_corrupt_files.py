@@ -136,7 +136,7 @@ teacher:
 
 
 def _bench_config(path: Path):
-    from agentgym_opsd.app.bench_config import load_config
+    from agentgym_app.bench_config import load_config
 
     return load_config(path)
 
@@ -213,7 +213,7 @@ def clean_files(shared_data, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from agentgym_opsd.app.bench_config import ConfigError as BenchConfigError
+    from agentgym_app.bench_config import ConfigError as BenchConfigError
     from environments.alfworld.grammar import GameFileError
     from environments.webshop.catalog import CatalogError
     from trainer.openrlhf.config import ConfigError

@@ -17,7 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import agentgym_opsd
-from agentgym_opsd.core import StepInfo
+from agentgym_opsd.contract import StepInfo
 from agentgym_opsd.parsing import ACTION_TAGS, parse_action
 from agentgym_opsd.registry import entry, registered_envs
 from reliability_fuzz import ANY_TEXT, fuzz_settings

@@ -157,8 +157,8 @@ def test_config_paths_are_not_followed_outside_their_root(tmp_path: Path) -> Non
 
 def test_bench_configs_keep_their_data_paths_inside_the_data_root(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from agentgym_opsd.app.bench_config import ConfigError, load_config
-    from agentgym_opsd.app.cli import main as cli_main
+    from agentgym_app.bench_config import ConfigError, load_config
+    from agentgym_app.cli import main as cli_main
 
     root = tmp_path / "project"
     (root / "data").mkdir(parents=True)

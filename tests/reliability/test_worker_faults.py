@@ -28,7 +28,7 @@ BENCH_PLUGIN = Path(__file__).resolve().parents[1] / "data" / "bench_plugin"
 
 @pytest.fixture(scope="module", autouse=True)
 def tally_env():
-    """The Tally test env, registered through its entry point (as tests/agentgym_opsd/app/test_bench.py does)."""
+    """The Tally test env, registered through its entry point (as tests/agentgym_app/test_bench.py does)."""
     if str(BENCH_PLUGIN) not in sys.path:
         sys.path.insert(0, str(BENCH_PLUGIN))
     agentgym_opsd.load_plugins(reload=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from agentgym_opsd.app.cli import main as cli_main
+from agentgym_app.cli import main as cli_main
 from retrieval_index.client import RetrievalClient, RetrievalRequestError, RetrievalServerDown
 from retrieval_index.lucene import BM25Searcher
 from retrieval_index.process import RetrievalServer

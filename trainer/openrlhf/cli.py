@@ -1,5 +1,5 @@
-"""`agentgym-opsd train-openrlhf` and `agentgym-opsd openrlhf-prompts` (light: OpenRLHF is imported
-only when a command runs)."""
+"""`agentgym-opsd train-openrlhf` and `agentgym-opsd openrlhf-prompts` (named in the CLI's command table;
+OpenRLHF is imported only when a launch runs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["add_train_parser", "add_prompts_parser"]
+from agentgym_opsd.usage import UsageError, parse_options
+from trainer.openrlhf.config import BridgeConfig, load_sections, merge_sections
+from trainer.openrlhf.dataset import parse_seeds, write_prompt_dataset
+from trainer.openrlhf.launch import launch
+from trainer.openrlhf.presets import preset
+
+__all__ = ["train_arguments", "prompts_arguments"]
 
 _TRAIN_EPILOG = """\
 examples:
@@ -23,17 +29,12 @@ examples:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentgym_opsd.usage import UsageError
-    from trainer.openrlhf.config import BridgeConfig, load_sections, merge_sections
-
     flags = list(args.openrlhf_flags or [])
     if flags and flags[0] == "--":
         flags = flags[1:]
     try:
         sections: dict = {}
         if args.preset:
-            from trainer.openrlhf.presets import preset
-
             if not args.prompts:
                 raise UsageError("--preset needs --prompts (write them with `agentgym-opsd openrlhf-prompts`)")
             sections, preset_flags = preset(
@@ -48,7 +49,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if args.method and not args.preset:
             sections = merge_sections(sections, {"credit": {"method": args.method}})
         config = BridgeConfig.from_dict(sections, args.config or "preset")
-        from trainer.openrlhf.launch import launch
 
         launch(config, flags, dry_run=args.dry_run)
     except ValueError as e:  # ConfigError, LaunchError
@@ -68,18 +68,13 @@ def _count_rows(path: str) -> int | None:
         return sum(1 for line in f if line.strip())
 
 
-def add_train_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "train-openrlhf",
-        help="train on GPUs with OpenRLHF 0.11.2 (Ray + vLLM + DeepSpeed) and per-turn credit",
-        description=(
-            "Run OpenRLHF's stock train_ppo_ray with the agentgym-opsd agent executor, experience maker and "
-            "trainer installed. OpenRLHF's own flags go after --; the bridge's settings come from --config "
-            "and/or a --preset."
-        ),
-        epilog=_TRAIN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def train_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `agentgym-opsd train-openrlhf` (on the parser the CLI made for it)."""
+    p.description = ("Run OpenRLHF's stock train_ppo_ray with the agentgym-opsd agent executor, experience maker and "
+                     "trainer installed. OpenRLHF's own flags go after --; the bridge's settings come from --config "
+                     "and/or a --preset.")
+    p.epilog = _TRAIN_EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--config", help="bridge config (YAML or JSON: rollout, credit, teacher sections)")
     p.add_argument("--preset", choices=["alfworld", "webshop", "searchqa"], help="a paper setting (presets.py)")
     p.add_argument("--model-preset", default="qwen2.5-3b", choices=["qwen2.5-3b", "qwen3-1.7b"])
@@ -97,9 +92,6 @@ def add_train_parser(subparsers) -> None:
 
 
 def _cmd_prompts(args: argparse.Namespace) -> int:
-    from agentgym_opsd.usage import UsageError, parse_options
-    from trainer.openrlhf.dataset import parse_seeds, write_prompt_dataset
-
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError as e:
@@ -109,17 +101,12 @@ def _cmd_prompts(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_prompts_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "openrlhf-prompts",
-        help="write the prompt dataset OpenRLHF trains on (one row per task seed)",
-        description=(
-            "Write a JSONL prompt dataset for `train-openrlhf`: for each seed, the first chat of the task it picks "
-            "(prompt), the task label (env id, seed, options) and the subset (datasource)."
-        ),
-    )
+def prompts_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `agentgym-opsd openrlhf-prompts` (on the parser the CLI made for it)."""
+    p.description = ("Write a JSONL prompt dataset for `train-openrlhf`: for each seed, the first chat of the task it "
+                     "picks (prompt), the task label (env id, seed, options) and the subset (datasource).")
     p.add_argument("--env", dest="env_id", required=True, help="registered env id (agentgym-opsd list)")
-    p.add_argument("--seeds", required=True, help="START:END (END excluded) or a comma list; seed s plays task s % N")
+    p.add_argument("--seeds", required=True, help="START:END (END excluded) or a comma list; seed s plays task s %% N")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env keyword, e.g. split=train (repeatable)")
     p.add_argument("--reset-option", action="append", metavar="KEY=VALUE", help="reset option (repeatable)")
     p.add_argument("--out", required=True, help="output .jsonl")

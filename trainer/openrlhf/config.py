@@ -35,6 +35,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.io import DataFileError, read_config_file
+from agentgym_opsd.registry import UnknownEnvError, entry
+from trainer.env_knowledge import credit_config
+
 __all__ = [
     "ENV_VAR",
     "BridgeConfig",
@@ -162,7 +166,6 @@ class BridgeConfig:
         env, which must then be of one family (their defaults differ: span mode, invalid penalty)."""
         if self.credit.get("env"):
             return str(self.credit["env"])
-        from agentgym_opsd.registry import entry
 
         ids = sorted(set(env_ids))
         if not ids:
@@ -190,8 +193,6 @@ class BridgeConfig:
 
 def load_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The raw sections of a YAML or JSON bridge config file (ConfigError when unreadable)."""
-    from agentgym_opsd.io import DataFileError, read_config_file
-
     path = Path(path)
     try:
         data = read_config_file(path, "json" if path.suffix.lower() == ".json" else "yaml")
@@ -221,9 +222,6 @@ def resolve_credit_config(section: dict[str, Any], env_id: str):
     the bridge scores it on OpenRLHF's actor group right after the student forward, which holds the
     rollout (old) policy; a `stale` snapshot would need a second model group, so it is refused.
     """
-    from agentgym_opsd.registry import UnknownEnvError
-    from trainer.env_knowledge import credit_config
-
     fields = dict(section or {})
     method = fields.pop("method", "grpo")
     preset = fields.pop("preset", "default")

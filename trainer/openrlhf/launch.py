@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from trainer.openrlhf.config import ENV_VAR, BridgeConfig
+from agentgym_opsd.io import atomic_write_text
+from trainer.openrlhf.config import ENV_VAR, BridgeConfig, TaskLabel
 
 __all__ = [
     "LaunchError",
@@ -177,7 +178,6 @@ def dataset_env_ids(path: str | None, limit: int = 10_000) -> list[str]:
     """The env ids in the labels of a prompt dataset file (empty when the file is not local)."""
     if not path or not Path(path).is_file():
         return []
-    from trainer.openrlhf.config import TaskLabel
 
     ids = set()
     with open(path, encoding="utf-8") as f:
@@ -211,7 +211,6 @@ def code_runtime_env(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    from agentgym_opsd.io import atomic_write_text
 
     atomic_write_text(
         folder / AGENT_LOADER,
@@ -276,6 +275,7 @@ def installed_trainer():
     runs) gives `AgentGymPPOTrainerActor`."""
     import openrlhf.trainer.ppo_trainer as stock
 
+    # Ours, but OpenRLHF's Ray actor at heart: it loads with OpenRLHF and Ray (the [gpu] extra), so only here.
     from trainer.openrlhf.ray_trainer import AgentGymPPOTrainerActor
 
     with mock.patch.object(stock, "PPOTrainer", AgentGymPPOTrainerActor):

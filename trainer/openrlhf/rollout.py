@@ -36,9 +36,10 @@ import torch
 
 import agentgym_opsd
 from agentgym_opsd.context import ContextPolicy
-from agentgym_opsd.core import Hindsight, StepInfo
+from agentgym_opsd.contract import Hindsight, StepInfo
 from agentgym_opsd.episode import Episode, Turn
 from trainer.chat import ChatFraming, framing_for, token_range
+from trainer.credit import outcome_reward
 from trainer.openrlhf.config import BridgeConfig, TaskLabel
 
 __all__ = ["EnvEpisodeRunner", "PromptTooLong"]
@@ -271,8 +272,6 @@ class EnvEpisodeRunner:
 
     def _response(self, task, prompt, episode, tokens, turn_ids, action_ranges, action_spans,
                   rollout_log_probs, length_cut, context_full) -> dict[str, Any]:
-        from trainer.credit import outcome_reward
-
         success = episode.success
         invalid = episode.invalid_turns
         credit = self.config.credit_config(task.env_id)

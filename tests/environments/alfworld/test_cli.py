@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentgym_opsd.app.cli import main
+from agentgym_app.cli import main
 
 
 def test_eval_reports_expert_success_per_task_type(tmp_path: Path, panel_options: dict, capsys) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import agentgym_opsd
 from agentgym_opsd.agents import ExpertAgent, RandomAgent
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.registry import entry
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from environments.alfworld.env import SUBSETS, AlfWorldEnv

@@ -10,7 +10,7 @@ import pytest
 
 import agentgym_opsd
 from agentgym_opsd.agents import make_agent
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.io import DataFileError
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from environments.searchqa.env import SearchQAEnv, format_information

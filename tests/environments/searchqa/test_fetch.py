@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.app.cli import main as cli_main
+from agentgym_app.cli import main as cli_main
 from agentgym_opsd.io import DataFileError
 from environments.searchqa.data import default_data_file, load_questions
 from environments.searchqa.fetch import FetchError, corpus_path, fetch_corpus, fetch_questions, index_path

@@ -113,9 +113,7 @@ def test_the_search_index_reads_products_one_at_a_time(tmp_path: Path, monkeypat
             seen.append(record)
         Path(out_dir).mkdir(parents=True)
 
-    import retrieval_index.lucene
-
-    monkeypatch.setattr(retrieval_index.lucene, "build_index_in_child", fake_build)
+    monkeypatch.setattr(search_module, "build_index_in_child", fake_build)
     search_module._build(catalog, tmp_path / "index", progress=False)
     assert [r["id"] for r in seen] == [p.asin for p in catalog.products]
 

@@ -15,8 +15,8 @@ import pytest
 
 import agentgym_opsd
 from agentgym_opsd.agents import RandomAgent
-from agentgym_opsd.contract import check_text_env
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_opsd.env_checker import check_text_env
+from agentgym_opsd.contract import EnvUnavailable
 from agentgym_opsd.rollout import play_episode
 from environments.webshop.env import WebShopEnv
 from environments.webshop.goals import split_ranges

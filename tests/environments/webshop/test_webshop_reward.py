@@ -310,7 +310,7 @@ def test_total_reward_is_scaled_by_r_type_and_perfect_purchase_is_one():
 
 
 def test_spacy_tagger_is_explicit_and_explains_what_is_missing():
-    from agentgym_opsd.core import EnvUnavailable
+    from agentgym_opsd.contract import EnvUnavailable
     from environments.webshop.reward import noun_tagger
 
     assert noun_tagger("builtin") is builtin_nouns

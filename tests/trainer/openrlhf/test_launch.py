@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("openrlhf.utils", reason="OpenRLHF is not installed in this venv: run `make test-openrlhf`")
 
-from agentgym_opsd.app.cli import main as cli_main
+from agentgym_app.cli import main as cli_main
 from trainer.openrlhf.config import ENV_VAR, BridgeConfig, TaskLabel
 from trainer.openrlhf.launch import AGENT_LOADER, LaunchError, code_runtime_env, installed_trainer, launch
 from trainer.openrlhf.presets import FAMILIES, MODELS, preset

@@ -63,7 +63,7 @@ def test_openrlhf_trainer_with_the_bridge_makes_credit_experience(guess_policy, 
                                                                    policy_group, tmp_path, monkeypatch):
     from openrlhf.utils.deepspeed import DeepspeedStrategy
 
-    from agentgym_opsd.app.cli import main as cli_main
+    from agentgym_app.cli import main as cli_main
     from trainer.openrlhf.experience import CreditExperienceMaker
     from trainer.openrlhf.ray_trainer import AgentGymPPOTrainer
     from trainer.openrlhf.samples import AgentGymSamplesGenerator

@@ -4,13 +4,13 @@
 self-contained `report.html` (images inlined, no network). What it reads (each part is optional):
 
 - `results.json`, `plots/*.png`, `config.json`: a bench's results, charts and config
-  (`agentgym_opsd.app.bench`, `agentgym_opsd.app.bench_config`); a config with a `headline` gets it first, with
+  (`agentgym_app.bench`, `agentgym_app.bench_config`); a config with a `headline` gets it first, with
   its eval command.
 - `episodes.jsonl`: the bench's episodes; a few per agent, env and split go to the viewer.
 - `training/<method>/metrics.jsonl`: one JSON object per update (`update`, then numbers such as
   `success_rate`, `mean_reward`, `loss`); the methods are drawn side by side.
 - `training/<method>/episodes.jsonl`: episodes the trainer updated on, with per-turn credit in
-  `Episode.meta["credit"]` (format: `agentgym_opsd.app.report.credit`), and `credit.jsonl` files (in
+  `Episode.meta["credit"]` (format: `agentgym_app.report.credit`), and `credit.jsonl` files (in
   the run folder or a method's folder) with the same records kept apart from the episodes;
   `training/<method>/config.json`: the trainer's config (how large its in-training evaluation is).
 
@@ -21,8 +21,8 @@ another list, so a new section is one more function.
 
 from __future__ import annotations
 
-from agentgym_opsd.app.report.credit import CREDIT_KEY, check_credit, credit_record, episode_credit, merge_credit_file
-from agentgym_opsd.app.report.html import SECTIONS, RunData, Section, load_run, render_report, write_report
+from agentgym_app.report.credit import CREDIT_KEY, check_credit, credit_record, episode_credit, merge_credit_file
+from agentgym_app.report.html import SECTIONS, RunData, Section, load_run, render_report, write_report
 
 __all__ = [
     "CREDIT_KEY",

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.app.cli import main
+from agentgym_app.cli import COMMANDS, main
 from agentgym_opsd.usage import UsageError, format_option, parse_options
 
-EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "data" / "example_plugin"
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "data" / "example_plugin"
 
 
 def run_cli(*args: str, input: str | None = None, columns: int | None = None) -> subprocess.CompletedProcess:
@@ -138,8 +138,8 @@ def test_play_reads_turns_from_stdin_and_takes_a_bare_command_in_every_env() -> 
 
 
 def test_play_wraps_bare_commands_in_the_envs_own_tag() -> None:
-    from agentgym_opsd.app.cli import as_played_turn
-    from agentgym_opsd.core import TextEnv
+    from agentgym_app.env_commands import as_played_turn
+    from agentgym_opsd.contract import TextEnv
 
     class Search(TextEnv):
         action_tags = ("search", "answer")
@@ -152,6 +152,34 @@ def test_play_wraps_bare_commands_in_the_envs_own_tag() -> None:
         assert as_played_turn(env, "  go to fridge 1 ") == f"<{tag}>go to fridge 1</{tag}>"
         assert as_played_turn(env, "<answer>x</answer>") == "<answer>x</answer>"  # tags: as typed
         assert as_played_turn(env, "<think>hm</think>") == "<think>hm</think>"  # no action: the env says so
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_of_the_table_has_its_help(command, capsys) -> None:
+    """Each command's module is imported by name when it runs: every name in the table resolves, and
+    its parser prints its help (with argparse's %-formatting of each help line)."""
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--help"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: agentgym-opsd {command} ")
+
+
+def test_help_list_and_the_heavy_commands_help_start_without_torch() -> None:
+    """`--help` lists every command from the table alone and `list` imports its own module: neither
+    loads torch nor another command's module; `demo --help` and `train --help` load their arguments,
+    not the demo or the trainer (the table names the function that runs them)."""
+    check = ("import sys\n"
+             "from agentgym_app.cli import main\n"
+             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             "print('loaded', sorted(m for m in sys.modules if m in ('torch', 'transformers', 'agentgym_app.bench',\n"
+             "      'agentgym_app.demo', 'trainer.train_cli', 'trainer.local', 'retrieval_index.cli')))\n")
+    expected = {"--help": [], "list": [], "demo": ["agentgym_app.bench"], "train": ["trainer.train_cli"]}
+    for args in (["--help"], ["list", "--no-sizes"], ["demo", "--help"], ["train", "--help"]):
+        r = subprocess.run([sys.executable, "-c", check, *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert f"loaded {expected[args[0]]}" in r.stdout, (args, r.stdout[-300:])
+        if args == ["--help"]:
+            assert all(name in r.stdout for name in COMMANDS)
 
 
 def test_parse_options_reads_json_values() -> None:

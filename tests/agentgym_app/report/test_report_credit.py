@@ -13,7 +13,7 @@ import pytest
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, run_episodes
 from agentgym_opsd.agents import ExpertAgent, RandomAgent
-from agentgym_opsd.app.report import check_credit, load_run
+from agentgym_app.report import check_credit, load_run
 from agentgym_opsd.episode import save_episodes
 from agentgym_opsd.io import append_jsonl
 
@@ -57,7 +57,8 @@ def model_and_tokenizer(qwen3_tokenizer):
 @pytest.fixture(scope="module")
 def records(episodes, model_and_tokenizer):
     """One update's credit per method, as the local trainer computes and records it."""
-    from trainer.credit_records import credit_pass, update_credit_records
+    from trainer.credit_pass import credit_pass
+    from trainer.credit_records import update_credit_records
     from trainer.env_knowledge import credit_config
 
     model, tokenizer = model_and_tokenizer
@@ -155,7 +156,7 @@ def test_the_local_trainer_records_what_each_update_used(tmp_path, method):
     """credit.jsonl holds, per update and episode, the credit of the advantages that update trained on."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "trainer"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer"))
     from test_local_train import config
 
     from agentgym_opsd.io import read_jsonl

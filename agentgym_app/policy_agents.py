@@ -3,55 +3,21 @@
 The model is loaded with `trainer.policy.load_hf_policy` and plays through the trainer's own
 token-space sampler (`trainer.sampling.HFPolicyAgent`), so an evaluated policy reads its contexts
 exactly as it did in training. By default a turn also ends at the env's closing action tag (a turn
-holds one action) and the per-turn cap is the model's own or the env's `max_turn_tokens`. torch and
-transformers are imported lazily: `import agentgym_opsd` stays light.
+holds one action) and the per-turn cap is the model's own or the env's `max_turn_tokens`. This module
+loads torch: `agentgym_app.hf_spec` reads and checks an `hf:` name without it, and `make_agent`
+reaches this module by name (the `agentgym_opsd.agents` entry point) only to build an `hf:` agent.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl
 
+from agentgym_app.hf_spec import check_hf_agent
 from agentgym_opsd.agents import AgentError
+from trainer.policy import PolicyLoadError, load_hf_policy, pin_cpu_threads
+from trainer.sampling import HFPolicyAgent
 
-if TYPE_CHECKING:
-    from trainer.sampling import HFPolicyAgent
-
-__all__ = ["make_hf_agent", "check_hf_agent"]
-
-_SETTINGS = {"temperature", "max_new_tokens", "device", "dtype", "max_batch", "cpu_threads", "stop"}
-
-
-def check_hf_agent(spec: str) -> tuple[str, dict[str, str]]:
-    """Read `PATH?settings` (see `make_hf_agent`) and check it without loading anything: known
-    settings, and a folder that holds a transformers model (its config.json) or a named model whose
-    wheel is installed (`trainer.models`). Returns the path and
-    the settings; raises `AgentError` naming the fix."""
-    path, _, query = spec.partition("?")
-    options = dict(parse_qsl(query, keep_blank_values=True))
-    unknown = set(options) - _SETTINGS
-    if unknown:
-        raise AgentError(f"hf:{spec}: unknown option(s) {sorted(unknown)}; use {sorted(_SETTINGS)}")
-    if options.get("stop", "action") not in ("action", "eot"):
-        raise AgentError(
-            f"hf:{spec}: stop={options['stop']!r}: use action (end a turn at the env's closing action tag) or eot")
-    from trainer.models import NAMED_MODELS, NamedModelError, is_named_model
-
-    if is_named_model(path):  # converted on first load; here only its wheel is checked
-        model = NAMED_MODELS[path]
-        if not (model.folder() / "config.json").is_file():
-            try:
-                model.gguf_path()
-            except NamedModelError as e:
-                raise AgentError(f"hf:{path}: {e}") from None
-        return path, options
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        why = "no such folder" if not folder.exists() else "the folder holds no transformers model (no config.json)"
-        raise AgentError(f"hf:{path}: {why}; give a local model folder (a Qwen2.5/Qwen3 download, or a trainer "
-                         f"run's OUT/model) or a named model ({', '.join(NAMED_MODELS)})")
-    return path, options
+__all__ = ["make_hf_agent"]
 
 
 def make_hf_agent(spec: str, *, seed: int = 0) -> HFPolicyAgent:
@@ -78,9 +44,6 @@ def make_hf_agent(spec: str, *, seed: int = 0) -> HFPolicyAgent:
         cpu_threads = None if threads == "auto" else int(threads)
     except ValueError as e:
         raise AgentError(f"hf:{spec}: bad option value ({e})") from None
-    from trainer.policy import PolicyLoadError, load_hf_policy, pin_cpu_threads
-    from trainer.sampling import HFPolicyAgent
-
     try:
         model, tokenizer = load_hf_policy(path, device=options.get("device", "auto"),
                                           dtype=options.get("dtype", "auto"))

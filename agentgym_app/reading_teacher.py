@@ -4,7 +4,7 @@ The tiny policy the demo trains cannot read a hindsight block or a skill note, s
 says little about the method. Here the real model, `smollm2-135m` (SmolLM2-135M-Instruct, no warm
 start), is student and live teacher at once on a handful of ALFWorld Pick episodes of the expert with
 random detours (`trainer.warm_start.PerturbedExpert`, as `benchmarks/credit_quality.py` plays them), and
-each turn gets its StepOPSD and AgentOPSD credit (`trainer.credit_records.credit_pass`, the same steps an
+each turn gets its StepOPSD and AgentOPSD credit (`trainer.credit_pass.credit_pass`, the same steps an
 update takes). The report draws that credit as it draws the training credit (the heat map and the
 per-turn credit table of the trajectory viewer) and gives the within-episode AUC of those episodes
 (`trainer.credit_auc`, the benchmark's implementation): does the credit rank the expert's turns (the
@@ -25,11 +25,29 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+import agentgym_opsd
+from agentgym_app.report.html import READING_TEACHER_FOLDER, READING_TEACHER_MODEL, READING_TEACHER_SOURCE
+from agentgym_opsd.episode import save_episodes
+from agentgym_opsd.io import atomic_write_json
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+from trainer.credit_auc import EpisodeItems, interval, pooled_auc, resample_counts, within_auc
+from trainer.credit_pass import credit_pass
+from trainer.credit_records import CREDIT_KEY, update_credit_records
+from trainer.env_knowledge import credit_config
+from trainer.models import NamedModelError, resolve_model
+from trainer.policy import load_hf_policy
+from trainer.warm_start import PerturbedExpert
+
 __all__ = ["FOLDER", "MODEL", "SOURCE", "ReadingTeacherSettings", "auc_table", "run_reading_teacher"]
 
-MODEL = "smollm2-135m"
-FOLDER = "reading_teacher"  # under the run folder
-SOURCE = f"reading teacher · {MODEL}"  # the trajectory viewer's group for these episodes
+# The report reads what this section writes: its folder (under the run folder), its model, and the
+# trajectory viewer's group for its episodes are the report's.
+MODEL = READING_TEACHER_MODEL
+FOLDER = READING_TEACHER_FOLDER
+SOURCE = READING_TEACHER_SOURCE
 ENV = "agentgym/ALFWorld-Pick-v0"
 METHODS = ("stepopsd", "agentopsd")
 
@@ -63,10 +81,6 @@ def auc_table(items: dict[str, Any], episode_units: list[Any], *, bootstrap: int
     action tokens that agree with the expert's action against those that depart from it), the number of
     episodes that have such a pair, and a 95% interval over `bootstrap` draws of `episode_units` (one per
     episode: what a draw resamples)."""
-    import numpy as np
-
-    from trainer.credit_auc import interval, pooled_auc, resample_counts, within_auc
-
     n = len(episode_units)
     ones = np.ones((1, n), dtype=np.int64)
     draws = resample_counts(episode_units, bootstrap, np.random.default_rng(seed))
@@ -98,12 +112,6 @@ def run_reading_teacher(folder: str | Path, env_options: dict[str, Any], setting
     """Play the episodes, compute their credit with `model` as student and teacher, write `episodes.jsonl`
     and `summary.json` into `folder`; returns the summary. `model`: a named model or a model folder.
     A missing model wheel is not an error: the summary says `skipped` and how to install it."""
-    import agentgym_opsd
-    from agentgym_opsd.episode import save_episodes
-    from agentgym_opsd.io import atomic_write_json
-    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-    from trainer.models import NamedModelError, resolve_model
-
     settings = settings or ReadingTeacherSettings()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -118,13 +126,6 @@ def run_reading_teacher(folder: str | Path, env_options: dict[str, Any], setting
         summary = {"skipped": f"{e} Then run the demo again.", "settings": key}
         atomic_write_json(folder / "summary.json", summary)
         return summary
-    import torch
-
-    from trainer.credit_auc import EpisodeItems
-    from trainer.credit_records import CREDIT_KEY, credit_pass, update_credit_records
-    from trainer.env_knowledge import credit_config
-    from trainer.policy import load_hf_policy
-    from trainer.warm_start import PerturbedExpert
 
     started, load_before = time.perf_counter(), os.getloadavg()
     threads = torch.get_num_threads()

@@ -49,8 +49,8 @@ _GENERATORS: dict[Path, object] = {}
 
 def _local_turns(model_path: Path, episode, seed: int):
     """What the model generates in this process for each turn's prompt and seed."""
-    from agentgym_opsd.app.openai_agent import turn_seed
-    from agentgym_opsd.app.serve_policy import ChatGenerator
+    from agentgym_app.openai_agent import turn_seed
+    from agentgym_app.serve_policy import ChatGenerator
 
     if model_path not in _GENERATORS:
         _GENERATORS[model_path] = ChatGenerator(model_path)
@@ -142,7 +142,7 @@ def test_openai_agent_errors_say_what_to_do(server):
 
 def test_serve_policy_refuses_a_missing_model(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "serve-policy", "--model", str(tmp_path / "nothing")],
+        [sys.executable, "-m", "agentgym_app.cli", "serve-policy", "--model", str(tmp_path / "nothing")],
         check=False,
         capture_output=True,
         text=True,

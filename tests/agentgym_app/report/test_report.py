@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 import agentgym_opsd
-from agentgym_opsd.app.bench import run_bench
-from agentgym_opsd.app.bench_config import config_from_dict
-from agentgym_opsd.app.report import check_credit, credit_record, write_report
+from agentgym_app.bench import run_bench
+from agentgym_app.bench_config import config_from_dict
+from agentgym_app.report import check_credit, credit_record, write_report
 from agentgym_opsd.episode import load_episodes, save_episodes
 from agentgym_opsd.io import append_jsonl
 
-REPO = Path(__file__).resolve().parents[4]
+REPO = Path(__file__).resolve().parents[3]
 PLUGINS = [REPO / "tests" / "data" / "example_plugin", REPO / "tests" / "data" / "bench_plugin"]
 CHROMIUM_FLAGS = [
     "--headless",
@@ -64,7 +64,7 @@ def run_dir(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("report") / "run"
     config = config_from_dict({"name": "report-test", "agents": ["expert", "random"], "episodes": 6,
                                "envs": [{"family": "Tally"}]})
-    run_bench(config, run, progress=False, report=False)
+    run_bench(config, run, progress=False)
     episodes = [e for e in load_episodes(run / "episodes.jsonl") if e.agent == "random" and e.num_turns >= 3][:4]
     assert len(episodes) >= 2
     episodes[0].turns[0].observation = EVIL  # text from an env is shown as text, never as markup
@@ -246,7 +246,7 @@ def headline_run(tmp_path_factory) -> Path:
         "envs": [{"family": "Tally"}, {"id": "example/GuessNumber-v0", "options": {"max_turns": 1, "high": 40}}],
         "headline": {"id": "benchtest/Tally-Large-v0", "label": "held-out", "note": "The `large` targets."},
     })
-    run_bench(config, run, progress=False, report=False)
+    run_bench(config, run, progress=False)
     for method in ("grpo", "stepopsd"):
         append_jsonl(run / "training" / method / "metrics.jsonl",
                      [{"kind": "eval", "step": u, "eval/success": 0.0} for u in (0, 4)]
@@ -259,7 +259,7 @@ def headline_run(tmp_path_factory) -> Path:
 
 
 def test_the_headline_comes_first_and_large_and_its_rows_are_marked(headline_run):
-    from agentgym_opsd.app.results import chart_groups, says_something
+    from agentgym_app.results import chart_groups, says_something
 
     page = (headline_run / "report.html").read_text()
     main = page.split("<main>")[1]
@@ -295,7 +295,7 @@ def test_the_headline_gives_the_eval_command_that_plays_its_episodes_again(headl
     """Each agent's command parses, and `eval` plays the same tasks (the expert with the same outcome)."""
     import shlex
 
-    from agentgym_opsd.app.cli import main
+    from agentgym_app.cli import main
 
     page = (headline_run / "report.html").read_text()
     headline = page.split('<section id="headline">')[1].split("</section>")[0]
@@ -326,7 +326,7 @@ def test_in_training_evaluation_says_how_many_episodes_a_point_is(headline_run):
 
 
 def test_agent_names_are_wrapped_never_cut():
-    from agentgym_opsd.app.charts import wrap_label
+    from agentgym_app.charts import wrap_label
 
     for name in (LONG_NAME, "warm start", "x" * 70, "openai:http://127.0.0.1:8000/v1#qwen3-0.6b?temperature=0", ""):
         for width in (8, 22, 34):

@@ -15,6 +15,7 @@ keep accepting and answering other routes meanwhile. It binds 127.0.0.1 unless t
 
 from __future__ import annotations
 
+import argparse
 import os
 import threading
 import time
@@ -25,8 +26,9 @@ from typing import Any
 
 from agentgym_opsd.agents import AgentError
 from agentgym_opsd.context import Message
+from trainer.models import NamedModelError, resolve_model
 
-__all__ = ["ChatGenerator", "create_app", "serve", "MAX_BODY_BYTES"]
+__all__ = ["ChatGenerator", "create_app", "serve", "serve_policy_arguments", "MAX_BODY_BYTES"]
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -45,8 +47,6 @@ class ChatGenerator:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, device: str = "cpu", threads: int = 0) -> None:
-        from trainer.models import NamedModelError, resolve_model
-
         try:
             path = resolve_model(path)  # a named model (`smollm2-135m`) or a folder
         except NamedModelError as e:
@@ -180,7 +180,7 @@ def create_app(generator: Any, *, name: str, max_new_tokens: int = 512) -> Any:
     from flask import Flask, jsonify, request
     from werkzeug.exceptions import HTTPException
 
-    app = Flask("agentgym_opsd.app.serve_policy")
+    app = Flask("agentgym_app.serve_policy")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     lock = threading.Lock()
 
@@ -292,3 +292,32 @@ def serve(
         pass
     finally:
         server.close()
+
+
+def _cmd_serve_policy(args: argparse.Namespace) -> int:
+    serve(
+        args.model,
+        host=args.host,
+        port=args.port,
+        name=args.name,
+        max_new_tokens=args.max_new_tokens,
+        threads=args.threads,
+        torch_threads=args.torch_threads,
+    )
+    return 0
+
+
+def serve_policy_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `agentgym-opsd serve-policy` (on the parser the CLI made for it)."""
+    p.description = ("Serve a local transformers causal LM (a folder with config, weights and tokenizer) as an "
+                     "OpenAI-compatible chat endpoint, for the openai:BASE_URL#MODEL agent.")
+    p.add_argument("--model", required=True,
+                   help="a local model folder (save_pretrained output) or a named model (smollm2-135m)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the address is printed)")
+    p.add_argument("--name", help="the model name clients use (default: the folder name)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="upper bound on max_tokens per request")
+    p.add_argument("--threads", type=int, default=4, help="request threads (generation itself runs one at a time)")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="torch CPU threads (0: torch's default; 1 suits tiny models)")
+    p.set_defaults(func=_cmd_serve_policy)

@@ -1,4 +1,4 @@
-"""Each check of the contract (agentgym_opsd/contract.py) fails on an env that breaks its rule, and its
+"""Each check of the env checker (agentgym_opsd/env_checker.py) fails on an env that breaks its rule, and its
 message names the rule and the fix. One small broken env per rule, each a subclass of `Counter`, which
 passes them all."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import gymnasium as gym
 import pytest
 
-from agentgym_opsd import contract
-from agentgym_opsd.contract import check_junk_turns, check_text_env
-from agentgym_opsd.core import Hindsight, TextEnv, Transition, hash_state
+from agentgym_opsd import env_checker
+from agentgym_opsd.contract import Hindsight, TextEnv, Transition, hash_state
+from agentgym_opsd.env_checker import check_junk_turns, check_text_env
 
 
 class Counter(TextEnv):
@@ -234,7 +234,7 @@ class Clock:
                                                         (1.0, "junk turns took too long (over 10 s for 17)")])
 def test_slow_junk_turns_fail_with_the_fix(monkeypatch, seconds_per_junk_turn, rule):
     clock = Clock()
-    monkeypatch.setattr(contract, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(env_checker, "time", SimpleNamespace(perf_counter=clock.perf_counter))
 
     class SlowOnJunk(Counter):
         def _invalid(self, parsed):

@@ -2,7 +2,7 @@
 plots and an HTML report.
 
 The config (TOML or YAML: agents, envs, splits, seeds, episodes, workers, a headline) is read and
-checked by `agentgym_opsd.app.bench_config`, which documents its format.
+checked by `agentgym_app.bench_config`, which documents its format.
 
 Episode i of run seed s, on an env with n tasks and N episodes, plays task (i + s N) mod n (see
 `task_index`) with reset seed i + 1_000_000 s, by an agent built with seed s; its key is (agent,
@@ -20,7 +20,8 @@ it stopped (it prints `resuming: 110 of 240 episodes done`). Then the run folder
 - `plots/<family>-<subset>.png`: success per agent with its interval, one chart per subset that
   says something (not when every agent but the expert won nothing: the table has those rows), and
   `plots/headline.png`, the headline's chart, full width.
-- `report.html`: everything above plus a trajectory viewer (`agentgym_opsd.app.report`).
+- `report.html` (the `bench` command writes it after the run, `agentgym_app.report`): everything above plus
+  a trajectory viewer.
 - `run.json`: timings and versions (what may differ between runs).
 """
 
@@ -33,13 +34,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.app.bench_config import AgentSpec, BenchConfig, ConfigError, EnvSpec, Headline
-from agentgym_opsd.app.results import COUNTING_NOTE, chart_groups, markdown_tables, result_row, says_something
+from tqdm.auto import tqdm
+
+from agentgym_app.bench_config import AgentSpec, BenchConfig, ConfigError, EnvSpec, Headline
+from agentgym_app.charts import success_chart_png
+from agentgym_app.cli_agents import check_agent
+from agentgym_app.results import COUNTING_NOTE, chart_groups, markdown_tables, result_row, says_something
+from agentgym_opsd.agents import AgentError
+from agentgym_opsd.agents import make_agent as default_make_agent
 from agentgym_opsd.episode import Episode, append_episodes, load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from agentgym_opsd.registry import entry
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import summarize
+from agentgym_opsd.usage import format_option
 from agentgym_opsd.workers import EnvFactory
 
 __all__ = [
@@ -118,7 +126,6 @@ def run_bench(
     restart: bool = False,
     progress: bool = True,
     make_agent: Callable[..., Any] | None = None,
-    report: bool = True,
 ) -> dict[str, Any]:
     """Run (or resume) a bench into `run_dir` and write its results; returns results.json's content.
 
@@ -128,12 +135,7 @@ def run_bench(
         restart: delete the folder's episodes and start over.
         progress: show a progress bar over all episodes.
         make_agent: builds agents (default `agentgym_opsd.agents.make_agent`).
-        report: also write report.html.
     """
-    from tqdm.auto import tqdm
-
-    from agentgym_opsd.agents import make_agent as default_make_agent
-
     build_agent = make_agent or default_make_agent
     run_dir = Path(run_dir)
     _check_agents(config)  # before any env is built or episode played
@@ -182,7 +184,7 @@ def run_bench(
         bar.close()
 
     # 3. Results (from the episodes alone) and the run's timings.
-    results = write_results(run_dir, config, done, report=report)
+    results = write_results(run_dir, config, done)
     elapsed = time.time() - started
     run_info = {"wall_seconds": round(elapsed, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     atomic_write_json(run_dir / "run.json", run_info)
@@ -192,9 +194,6 @@ def run_bench(
 def _check_agents(config: BenchConfig) -> None:
     """Every agent's name checked without loading a model (`check_agent`): a wrong one is a
     ConfigError before the envs are built and before the other agents play."""
-    from agentgym_opsd.agents import AgentError
-    from agentgym_opsd.app.cli_agents import check_agent
-
     for spec in config.agents:
         try:
             check_agent(spec.agent)
@@ -307,8 +306,6 @@ def plot_results(results: dict[str, Any], out_dir: Path, headline: Headline | No
     not when every agent but the expert won nothing), a bar per agent and split with its 95% interval;
     and `headline.png`, the headline's env and split across the full width. Charts of an earlier write
     that this one does not draw are removed."""
-    from agentgym_opsd.app.charts import success_chart_png
-
     out_dir.mkdir(parents=True, exist_ok=True)
     charts: dict[str, bytes] = {}
     for (family, subset), rows in chart_groups(results).items():
@@ -345,8 +342,6 @@ def eval_command(config: BenchConfig, spec: EnvSpec, agent: AgentSpec, episodes:
     same context. A shell line (arguments quoted)."""
     import shlex
 
-    from agentgym_opsd.usage import format_option
-
     first = seed * episodes
     args = ["agentgym-opsd", "eval", spec.id, "--agent", agent.agent, "--episodes", str(episodes), "--seed", str(first)]
     for key, value in env_factory(spec).kwargs.items():
@@ -357,10 +352,9 @@ def eval_command(config: BenchConfig, spec: EnvSpec, agent: AgentSpec, episodes:
     return shlex.join(args)
 
 
-def write_results(
-    run_dir: str | Path, config: BenchConfig, episodes_by_key: dict[str, Episode] | None = None, *, report: bool = True
-) -> dict[str, Any]:
-    """Write results.json, results.md, tables/, plots/ (and report.html) from the run's episodes."""
+def write_results(run_dir: str | Path, config: BenchConfig,
+                  episodes_by_key: dict[str, Episode] | None = None) -> dict[str, Any]:
+    """Write results.json, results.md, tables/ and plots/ from the run's episodes."""
     run_dir = Path(run_dir)
     if episodes_by_key is None:
         episodes_by_key = _load_done(run_dir / "episodes.jsonl")
@@ -373,8 +367,4 @@ def write_results(
     atomic_write_text(run_dir / "results.md",
                       f"# {config.name}\n\n" + "\n".join(tables.values()) + "\n" + COUNTING_NOTE + "\n")
     plot_results(results, run_dir / "plots", config.headline)
-    if report:
-        from agentgym_opsd.app.report import write_report
-
-        write_report(run_dir)
     return results

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 import agentgym_opsd
-from agentgym_opsd.app.bench import run_bench
-from agentgym_opsd.app.bench_config import ConfigError, config_from_dict, load_config
-from agentgym_opsd.app.cli import main
+from agentgym_app.bench import run_bench
+from agentgym_app.bench_config import ConfigError, config_from_dict, load_config
+from agentgym_app.cli import main
 from agentgym_opsd.episode import load_episodes
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 PLUGINS = [REPO / "tests" / "data" / "example_plugin", REPO / "tests" / "data" / "bench_plugin"]
 
 CONFIG = """\
@@ -57,7 +57,7 @@ def _env() -> dict[str, str]:
 
 def _bench(config: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet",
+        [sys.executable, "-m", "agentgym_app.cli", "bench", str(config), "--out", str(out), "--quiet",
          "--no-report"],
         env=_env(),
         stdout=subprocess.PIPE,
@@ -131,7 +131,7 @@ def test_bench_writes_tables_and_charts_that_match_the_episodes(tmp_path):
             "envs": [{"family": "Tally"}],
         }
     )
-    results = run_bench(config, tmp_path, progress=False, report=False)
+    results = run_bench(config, tmp_path, progress=False)
     rows = {(r["agent"], r["subset"]): r for r in results["results"]}
     assert set(rows) == {(a, s) for a in ("expert", "chance") for s in ("small", "large")}
     episodes = load_episodes(tmp_path / "episodes.jsonl")
@@ -161,8 +161,8 @@ def test_bench_writes_tables_and_charts_that_match_the_episodes(tmp_path):
 def test_workers_and_in_process_runs_give_the_same_results(tmp_path):
     base = {"agents": ["random"], "seeds": [0], "episodes": 10,
             "envs": ["benchtest/Tally-Large-v0", "example/GuessNumber-v0"]}
-    a = run_bench(config_from_dict({**base, "workers": 0}), tmp_path / "a", progress=False, report=False)
-    b = run_bench(config_from_dict({**base, "workers": 3}), tmp_path / "b", progress=False, report=False)
+    a = run_bench(config_from_dict({**base, "workers": 0}), tmp_path / "a", progress=False)
+    b = run_bench(config_from_dict({**base, "workers": 3}), tmp_path / "b", progress=False)
     assert a == b
     assert _by_key(tmp_path / "a") == _by_key(tmp_path / "b")
 
@@ -170,14 +170,14 @@ def test_workers_and_in_process_runs_give_the_same_results(tmp_path):
 def test_errored_episodes_are_reported_and_played_again_on_resume(tmp_path, capsys):
     plan = {"agents": ["expert"], "episodes": 4, "workers": 2,
             "envs": [{"id": "benchtest/Tally-Small-v0", "options": {"delay": 0.6}}]}
-    results = run_bench(config_from_dict({**plan, "step_timeout": 0.2}), tmp_path, progress=False, report=False)
+    results = run_bench(config_from_dict({**plan, "step_timeout": 0.2}), tmp_path, progress=False)
     [row] = results["results"]
     assert row["errors"] == 4 and row["success_rate"] == 0.0
     errors = {e.error for e in load_episodes(tmp_path / "episodes.jsonl")}
     assert errors == {"step timed out after 0.2s (worker killed)"}
     # The same plan with a looser timeout resumes the folder: the errored keys are played again.
     capsys.readouterr()
-    results = run_bench(config_from_dict({**plan, "step_timeout": 30}), tmp_path, progress=False, report=False)
+    results = run_bench(config_from_dict({**plan, "step_timeout": 30}), tmp_path, progress=False)
     assert "resuming: 0 of 4 episodes done; 4 errored episodes are played again\n" in capsys.readouterr().out
     [row] = results["results"]
     assert row["errors"] == 0 and row["success_rate"] == 1.0 and row["episodes"] == 4
@@ -263,7 +263,7 @@ def test_run_seeds_play_different_tasks_and_replays_count_once_in_the_interval(t
     # 30 tasks, 5 episodes per seed: seed s plays tasks 5s .. 5s+4, all different.
     config = config_from_dict({"agents": ["expert"], "seeds": [0, 1, 2], "episodes": 5,
                                "envs": ["benchtest/Tally-Small-v0"]})
-    run_bench(config, tmp_path / "distinct", progress=False, report=False)
+    run_bench(config, tmp_path / "distinct", progress=False)
     episodes = load_episodes(tmp_path / "distinct" / "episodes.jsonl")
     assert len(episodes) == 15 and len({e.task_id for e in episodes}) == 15
     assert {e.task_id for e in episodes
@@ -273,7 +273,7 @@ def test_run_seeds_play_different_tasks_and_replays_count_once_in_the_interval(t
     # the same way both times, so the interval counts 4 outcomes, not 8.
     config = config_from_dict({"agents": ["expert", "random"], "seeds": [0, 1], "episodes": 4,
                                "envs": [{"id": "benchtest/Tally-Small-v0", "options": {"tasks": 4}}]})
-    results = run_bench(config, tmp_path / "repeated", progress=False, report=False)
+    results = run_bench(config, tmp_path / "repeated", progress=False)
     rows = {r["agent"]: r for r in results["results"]}
     from agentgym_opsd.summary import wilson_interval
 
@@ -306,7 +306,7 @@ def test_run_seeds_play_different_tasks_and_replays_count_once_in_the_interval(t
 def test_a_bad_env_option_in_a_bench_config_is_one_line(tmp_path, options, message):
     config = tmp_path / "c.toml"
     config.write_text(f'agents = ["expert"]\n[[envs]]\nid = "benchtest/Tally-Small-v0"\noptions = {options}\n')
-    run = subprocess.run([sys.executable, "-m", "agentgym_opsd.app.cli", "bench", "c.toml", "--out",
+    run = subprocess.run([sys.executable, "-m", "agentgym_app.cli", "bench", "c.toml", "--out",
                           str(tmp_path / "out"), "--quiet"],
                          env=_env(), check=False, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 2
@@ -321,7 +321,7 @@ def test_ctrl_c_stops_a_bench_quietly_and_says_how_to_resume(tmp_path):
                       "options = { delay = 0.05 }\n")
     out = tmp_path / "run"
     bench = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_opsd.app.cli", "bench", str(config), "--out", str(out), "--quiet",
+        [sys.executable, "-m", "agentgym_app.cli", "bench", str(config), "--out", str(out), "--quiet",
          "--no-report"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT,

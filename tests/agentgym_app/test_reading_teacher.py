@@ -1,4 +1,4 @@
-"""The demo's reading-teacher section (agentgym_opsd.app.reading_teacher): the real model's credit on
+"""The demo's reading-teacher section (agentgym_app.reading_teacher): the real model's credit on
 expert-with-detours episodes, the AUC of that credit against the env's turn labels, and the report's
 section (or, without the model's wheel, the line that says how to install it)."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentgym_opsd.app.reading_teacher import (
+from agentgym_app.reading_teacher import (
     FOLDER,
     ROWS,
     SOURCE,
@@ -18,7 +18,7 @@ from agentgym_opsd.app.reading_teacher import (
     auc_table,
     run_reading_teacher,
 )
-from agentgym_opsd.app.report import write_report
+from agentgym_app.report import write_report
 
 PICK = {"room": "small", "panel_own_types": True, "panel_size": {"train": 4, "valid_seen": 0, "valid_unseen": 0},
         "progress": False}

@@ -11,7 +11,7 @@ import torch
 import agentgym_opsd
 from agentgym_opsd import EpisodeRequest, ExpertAgent, run_episodes
 from agentgym_opsd.agents import AgentError, make_agent
-from agentgym_opsd.app.cli_agents import build_agent
+from agentgym_app.cli_agents import build_agent
 from trainer.policy import pin_cpu_threads
 from trainer.sampling import HFPolicyAgent
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from agentgym_app.hf_spec import check_hf_agent
 from agentgym_opsd.agents import agent_kinds, make_agent
 from agentgym_opsd.usage import UsageError
+from trainer.policy import pin_cpu_threads
 
 __all__ = ["CPU_THREADS_HELP", "build_agent", "check_agent"]
 
@@ -17,8 +19,6 @@ def check_agent(name: str, *, cpu_threads: int | None = None) -> None:
         raise UsageError(f"--cpu-threads must be >= 0, got {cpu_threads}")
     prefix, sep, rest = name.partition(":")
     if sep and prefix == "hf":
-        from agentgym_opsd.app.policy_agents import check_hf_agent
-
         check_hf_agent(rest)
     elif not (sep and prefix != "openai" and prefix in agent_kinds()):
         make_agent(name)
@@ -32,8 +32,6 @@ def build_agent(name: str, *, seed: int = 0, cpu_threads: int | None = None):
     agent = make_agent(name, seed=seed)
     model = getattr(agent, "model", None)
     if cpu_threads is not None and model is not None and hasattr(model, "parameters"):
-        from trainer.policy import pin_cpu_threads
-
         pin_cpu_threads(model, cpu_threads)
     return agent
 

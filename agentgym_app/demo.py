@@ -12,7 +12,7 @@
    means something), on the six ALFWorld subsets and on Search-QA.
 5. A teacher that reads: the real model (`smollm2-135m`, no warm start) as its own teacher on a few Pick
    episodes of the expert with detours, their StepOPSD and AgentOPSD credit and its AUC
-   (`agentgym_opsd.app.reading_teacher`; skipped, with the install line in the report, without the
+   (`agentgym_app.reading_teacher`; skipped, with the install line in the report, without the
    model's wheel; its forwards run on one thread, reused by a second demo).
 6. Write one HTML report (tables, charts, training curves, trajectories with their credit) and say
    where it is; its header says what the tiny policies are, what their held-out row shows and where
@@ -25,6 +25,7 @@ own bar below it.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import time
 from collections.abc import Sequence
@@ -32,7 +33,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoSettings", "run_demo"]
+import agentgym_opsd
+from agentgym_app.bench import run_bench
+from agentgym_app.bench_config import config_from_dict
+from agentgym_app.reading_teacher import FOLDER, ReadingTeacherSettings, run_reading_teacher
+from agentgym_app.report import write_report
+from agentgym_opsd.contract import EnvUnavailable
+from agentgym_opsd.io import atomic_write_json, atomic_write_text
+from environments.alfworld.expert import SUBSETS
+from environments.alfworld.panel import PanelSpec, ensure_panel
+from environments.searchqa.synthetic import serve_synthetic
+from trainer.config import TrainConfig
+from trainer.local import LocalTrainer
+
+__all__ = ["DemoSettings", "run_demo", "run_from_args"]
 
 TRAIN_ENV = "agentgym/ALFWorld-Pick-v0"
 SEARCHQA_ENV = "agentgym/SearchQA-Synthetic-v0"
@@ -148,12 +162,6 @@ class _Stages:
 
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bool = True) -> Path:
     """Run the demo into `out`; returns the report's path."""
-    import agentgym_opsd
-    from agentgym_opsd.app.bench import run_bench
-    from agentgym_opsd.app.bench_config import config_from_dict
-    from agentgym_opsd.app.report import write_report
-    from agentgym_opsd.io import atomic_write_json
-
     settings = DemoSettings.quick() if quick else DemoSettings()
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -161,8 +169,6 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
     families = {e.family for e in agentgym_opsd.registered_envs()}
     missing = {"ALFWorld", "SearchQA"} - families
     if missing:
-        from agentgym_opsd.core import EnvUnavailable
-
         raise EnvUnavailable(
             f"the demo needs the {', '.join(sorted(missing))} envs, which are not installed here (pip install -e .)")
     stages = _Stages(["ALFWorld panel", "Search-QA index and server", "warm start", "GRPO", "StepOPSD", "benchmark",
@@ -177,17 +183,12 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
     pick = {**alfworld, "panel_size": pick_sizes, "panel_own_types": True}
     try:
         stages.start("ALFWorld panel")
-        from environments.alfworld.expert import SUBSETS
-        from environments.alfworld.panel import PanelSpec, ensure_panel
-
         ensure_panel(PanelSpec.make(seed=0, room="small", sizes=sizes), cache / "alfworld", progress=progress)
         ensure_panel(PanelSpec.make(seed=0, room="small", sizes=pick_sizes, task_types=[SUBSETS["pick"]]),
                      cache / "alfworld", progress=progress)
         stages.done()
 
         stages.start("Search-QA index and server")
-        from environments.searchqa.synthetic import serve_synthetic
-
         server = serve_synthetic(cache / "searchqa")
         stages.done()
         try:
@@ -219,13 +220,11 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, progress: bo
                 }
             )
             # The server's port changes from run to run, so a second demo starts its benchmark over.
-            run_bench(config, out, restart=True, progress=progress, report=False)
+            run_bench(config, out, restart=True, progress=progress)
             stages.done()
         finally:
             server.stop()
         stages.start("reading teacher")
-        from agentgym_opsd.app.reading_teacher import FOLDER, ReadingTeacherSettings, run_reading_teacher
-
         run_reading_teacher(out / FOLDER, pick, ReadingTeacherSettings(
             tasks=settings.teacher_tasks, group_size=settings.teacher_group, max_turns=settings.teacher_max_turns),
             progress=progress)
@@ -265,8 +264,6 @@ def _write_about(out: Path, settings: DemoSettings, model: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from agentgym_opsd.io import atomic_write_text
-
     config = AutoConfig.from_pretrained(model)
     with torch.device("meta"):  # the architecture only: no weights are read
         count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
@@ -296,8 +293,6 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
            progress: bool) -> dict[str, Path]:
     """Warm start (OUT/warmstart) and the two RL runs (OUT/training/<method>, side by side in the
     report); returns the model folder of each, by its name in the benchmark (`POLICIES`)."""
-    from trainer.local import LocalTrainer, TrainConfig
-
     common = dict(
         env_id=TRAIN_ENV, env_options={**alfworld, "split": "train"}, eval_env_options={"split": "valid_unseen"},
         context=settings.context, seed=0, eval_episodes=settings.eval_episodes, eval_seed=0, eval_temperature=0.0,
@@ -331,3 +326,7 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
     return {name: out / folder / "model" for folder, name in POLICIES.items()}
 
 
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run `agentgym-opsd demo` (its arguments: `agentgym_app.bench_commands.demo_arguments`)."""
+    run_demo(Path(args.out), quick=args.quick)
+    return 0

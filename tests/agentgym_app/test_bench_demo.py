@@ -7,13 +7,13 @@ import json
 import re
 import shlex
 
-from agentgym_opsd.app.cli import main as main_cli
-from agentgym_opsd.app.results import chart_groups, says_something
+from agentgym_app.cli import main as main_cli
+from agentgym_app.results import chart_groups, says_something
 from agentgym_opsd.episode import load_episodes
 
 
 def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
-    from agentgym_opsd.app.demo import DemoSettings, run_demo
+    from agentgym_app.demo import DemoSettings, run_demo
 
     out = tmp_path / "demo"
     report = run_demo(out, quick=True, progress=False)
@@ -122,7 +122,7 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
 
 
 def test_the_held_out_rows_test_against_random_is_fishers_exact_test():
-    from agentgym_opsd.app.demo import _fisher_greater
+    from agentgym_app.demo import _fisher_greater
 
     # 5 of 10 against 0 of 10: the 5 wins all falling to the first agent, C(15, 5) / C(20, 10)
     assert abs(_fisher_greater(5, 10, 0, 10) - 3003 / 184756) < 1e-12
@@ -134,7 +134,7 @@ def test_the_held_out_rows_test_against_random_is_fishers_exact_test():
 def test_the_in_training_evaluation_can_see_the_held_out_rows_rate():
     """The trainer's evaluation plays the first held-out games; at the ~5% a tiny policy reaches there,
     it must not read 0 most of the time (10 episodes read 0/10 with a chance of 60%)."""
-    from agentgym_opsd.app.demo import DemoSettings
+    from agentgym_app.demo import DemoSettings
 
     settings = DemoSettings()
     assert settings.eval_episodes <= settings.held_out and 0.95 ** settings.eval_episodes < 0.05

@@ -1,57 +1,28 @@
-"""`agentgym-opsd`: the command line.
-
-Commands of the contract live here (`list`, `play`, `eval`); the other folders add theirs through
-`COMMANDS` (each entry names a light module with an `add_parser(subparsers)` function that imports
-its heavy dependencies only when the command runs).
-"""
+"""The contract's commands: `agentgym-opsd list`, `play` and `eval` (named in the CLI's command table)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import inspect
 import json
+import os
+import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import gymnasium as gym
-
-from agentgym_opsd.agents import AgentError
-from agentgym_opsd.app.cli_agents import CPU_THREADS_HELP, build_agent, check_agent
-from agentgym_opsd.core import EnvUnavailable
+from agentgym_app.cli_agents import CPU_THREADS_HELP, build_agent, check_agent
 from agentgym_opsd.episode import append_episodes, load_episodes
-from agentgym_opsd.io import DataFileError, atomic_write_json
-from agentgym_opsd.registry import (
-    UnknownEnvError,
-    env_options,
-    plugin_errors,
-    registered_envs,
-)
+from agentgym_opsd.io import atomic_write_json
+from agentgym_opsd.parsing import parse_action
+from agentgym_opsd.registry import env_description, env_options, plugin_errors, registered_envs, task_count
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import format_table, summarize
 from agentgym_opsd.usage import UsageError, check_env_usage, make_env_factory, parse_options
 
-__all__ = ["main", "COMMANDS"]
-
-# name -> "module:add_parser" for commands owned by other folders.
-COMMANDS: dict[str, str] = {
-    "index": "retrieval_index.cli:add_index_parser",
-    "serve-retrieval": "retrieval_index.cli:add_serve_parser",
-    "searchqa-data": "environments.searchqa.fetch:add_parser",
-    "train-openrlhf": "trainer.openrlhf.cli:add_train_parser",
-    "openrlhf-prompts": "trainer.openrlhf.cli:add_prompts_parser",
-    "bench": "agentgym_opsd.app.bench_commands:add_bench",
-    "report": "agentgym_opsd.app.bench_commands:add_report",
-    "serve-policy": "agentgym_opsd.app.bench_commands:add_serve_policy",
-    "demo": "agentgym_opsd.app.bench_commands:add_demo",
-    "train": "trainer.train_cli:add_parser",
-}
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+__all__ = ["as_played_turn", "eval_arguments", "list_arguments", "output_width", "play_arguments"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,9 +32,6 @@ class _Parser(argparse.ArgumentParser):
 def output_width() -> int:
     """Columns to wrap text to: `$COLUMNS` when set, else the terminal's width, else 100 (output to a
     file or a pipe); at least 60."""
-    import os
-    import shutil
-
     columns = os.environ.get("COLUMNS", "").strip()
     if columns.isdigit() and int(columns) > 0:
         width = int(columns)
@@ -77,8 +45,6 @@ def output_width() -> int:
 def _pack(items: list[str], width: int, separator: str = ", ") -> list[str]:
     """`items` joined by `separator` into lines of at most `width` characters, breaking between items
     (an item longer than a line is wrapped on its own)."""
-    import textwrap
-
     lines: list[str] = []
     for number, item in enumerate(items):
         piece = item + (separator.rstrip() if number < len(items) - 1 else "")
@@ -90,14 +56,10 @@ def _pack(items: list[str], width: int, separator: str = ", ") -> list[str]:
 
 
 def _wrap(text: str, width: int, indent: str) -> list[str]:
-    import textwrap
-
     return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
 
 
 def _cmd_list_options(env_id: str) -> int:
-    import inspect
-
     options = env_options(env_id)
     if options is None:
         print(f"{env_id}: its constructor does not list its options (it takes **kwargs); see its documentation")
@@ -120,8 +82,6 @@ def _cmd_list_options(env_id: str) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from agentgym_opsd.registry import env_description, task_count
-
     if args.options:
         return _cmd_list_options(args.options)
     entries = registered_envs()
@@ -161,6 +121,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def list_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `agentgym-opsd list` (on the parser the CLI made for it)."""
+    p.add_argument("--no-sizes", dest="sizes", action="store_false", help="do not load data to count tasks")
+    p.add_argument("--options", metavar="ID", help="list the options (keywords) of one env id, with defaults")
+    p.set_defaults(func=_cmd_list)
+
+
 # ---------------------------------------------------------------------------------------------
 # play
 
@@ -169,8 +136,6 @@ def as_played_turn(env: Any, turn: str) -> str:
     """What `play` sends for a line a person typed: a turn with tags as it is; a bare command (one line,
     no tag) in the env's own action format (`guess 10` -> `<action>guess 10</action>`), the same for
     every env whatever its `allow_bare_action`."""
-    from agentgym_opsd.parsing import parse_action
-
     parsed = parse_action(turn, env.action_tags, allow_bare=True)
     return env.format_action(parsed.content) if parsed.kind == "bare" else turn
 
@@ -208,6 +173,14 @@ def _cmd_play(args: argparse.Namespace) -> int:
             break
     env.close()
     return 0
+
+
+def play_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `agentgym-opsd play` (on the parser the CLI made for it)."""
+    p.add_argument("env_id")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="keyword for gymnasium.make (repeatable)")
+    p.set_defaults(func=_cmd_play)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,28 +235,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="agentgym-opsd",
-                     description="Multi-turn text environments and per-turn credit for LLM agents.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
-
-    p = sub.add_parser("list", help="list the registered envs, their subsets, splits and sizes")
-    p.add_argument("--no-sizes", dest="sizes", action="store_false", help="do not load data to count tasks")
-    p.add_argument("--options", metavar="ID", help="list the options (keywords) of one env id, with defaults")
-    p.set_defaults(func=_cmd_list)
-
-    p = sub.add_parser("play", help="play an env in the terminal, seeing exactly what an agent sees (a bare command "
-                                    "is sent in the env's action tag)")
-    p.add_argument("env_id")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="keyword for gymnasium.make (repeatable)")
-    p.set_defaults(func=_cmd_play)
-
-    p = sub.add_parser("eval", help="run an agent on an env and write episodes.jsonl and summary.json")
+def eval_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `agentgym-opsd eval` (on the parser the CLI made for it)."""
     p.add_argument("env_id")
     p.add_argument("--agent", required=True, help="random, expert, hf:PATH or openai:BASE_URL#MODEL")
     p.add_argument("--episodes", type=int, default=10)
@@ -295,37 +248,3 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="keep finished episodes in OUT and play the rest")
     p.add_argument("--cpu-threads", type=int, metavar="N", help=CPU_THREADS_HELP)
     p.set_defaults(func=_cmd_eval, on_interrupt="run the same command with --resume to keep the finished episodes")
-
-    for name, target in COMMANDS.items():
-        module, _, attr = target.partition(":")
-        try:
-            getattr(importlib.import_module(module), attr)(sub)
-        except ImportError as e:  # a command whose dependencies are missing is reported when used
-            p = sub.add_parser(name, help=f"(unavailable: {e})")
-            p.set_defaults(func=lambda a, e=e, n=name: (_ for _ in ()).throw(UsageError(f"{n}: unavailable here: {e}")))
-    return parser
-
-
-_USER_ERRORS = (UsageError, UnknownEnvError, EnvUnavailable, AgentError, DataFileError, FileNotFoundError, ValueError,
-                gym.error.Error)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = None
-    try:
-        args = build_parser().parse_args(argv)
-        return int(args.func(args) or 0)
-    except _USER_ERRORS as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        prefix = "" if msg.startswith("agentgym-opsd") else "agentgym-opsd: error: "
-        print(f"{prefix}{msg}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        # A command that can pick up where it stopped says how (`set_defaults(on_interrupt=...)`).
-        hint = getattr(args, "on_interrupt", None)
-        print(f"agentgym-opsd: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Render a run folder as one self-contained HTML page (see `agentgym_opsd.app.report`)."""
+"""Render a run folder as one self-contained HTML page (see `agentgym_app.report`)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.app.reading_teacher import FOLDER as READING_TEACHER_FOLDER
-from agentgym_opsd.app.reading_teacher import SOURCE as READING_TEACHER_SOURCE
-from agentgym_opsd.app.report.credit import episode_credit, merge_credit_file
-from agentgym_opsd.app.results import COUNTING_NOTE, REFERENCE_AGENT, chart_groups, says_something, subset_rows
+from agentgym_app.bench import HEADLINE_CHART, eval_command, headline_title
+from agentgym_app.bench_config import BenchConfig
+from agentgym_app.report.credit import episode_credit, merge_credit_file
+from agentgym_app.results import COUNTING_NOTE, REFERENCE_AGENT, chart_groups, says_something, subset_rows
 from agentgym_opsd.episode import Episode, load_episodes
 from agentgym_opsd.io import atomic_write_text, read_jsonl_numbered
 from agentgym_opsd.summary import episodes_cell
 from trainer.plots import curves_png
 
-__all__ = ["RunData", "Section", "SECTIONS", "load_run", "render_report", "write_report"]
+__all__ = ["READING_TEACHER_FOLDER", "READING_TEACHER_MODEL", "READING_TEACHER_SOURCE", "RunData", "Section",
+           "SECTIONS", "load_run", "render_report", "write_report"]
+
+# The demo's reading-teacher section, which `agentgym_app.reading_teacher` writes: its folder in the run
+# folder, the model it runs, and the trajectory viewer's group for its episodes.
+READING_TEACHER_FOLDER = "reading_teacher"
+READING_TEACHER_MODEL = "smollm2-135m"
+READING_TEACHER_SOURCE = f"reading teacher · {READING_TEACHER_MODEL}"
 
 # Metrics drawn first when a training run logs them (then any other shared numeric key).
 _PREFERRED_METRICS = (
@@ -50,10 +57,10 @@ class RunData:
             `train:<method>`.
         meta: counts and notes shown in the header (`about`: the run folder's `about.txt`, a
             note its producer left for readers, e.g. the demo's "what this run is").
-        bench: the bench's config (`agentgym_opsd.app.bench_config.BenchConfig`, from config.json), or None.
+        bench: the bench's config (`agentgym_app.bench_config.BenchConfig`, from config.json), or None.
         training_configs: method -> its trainer config (training/<method>/config.json).
         reading_teacher: the real model's credit on expert-with-detours episodes
-            (`reading_teacher/summary.json`, `agentgym_opsd.app.reading_teacher`), or None.
+            (`reading_teacher/summary.json`, `agentgym_app.reading_teacher`), or None.
     """
 
     run_dir: Path
@@ -135,8 +142,6 @@ def load_run(run_dir: str | Path, *, per_group: int = 4, per_method: int = 24) -
     data.plots = sorted((run_dir / "plots").glob("*.png")) if (run_dir / "plots").is_dir() else []
     config_path = run_dir / "config.json"
     if config_path.exists():
-        from agentgym_opsd.app.bench_config import BenchConfig
-
         saved = json.loads(config_path.read_text(encoding="utf-8"))
         if isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "agents" in saved["config"]:
             data.bench = BenchConfig.from_dict(saved["config"])
@@ -241,8 +246,6 @@ def _figure_html(path: Path, caption: str) -> str:
 def _plots_html(plots: list[Path], results: dict[str, Any]) -> str:
     """The charts that say something, and a line naming the ones not drawn (every agent but the
     expert won nothing there: the table holds those rows)."""
-    from agentgym_opsd.app.bench import HEADLINE_CHART
-
     figures = "".join(_figure_html(path, path.stem) for path in plots if path.name != HEADLINE_CHART)
     silent = [f"{family} {subset}" for (family, subset), rows in chart_groups(results).items()
               if not says_something(rows)]
@@ -406,8 +409,6 @@ class Section:
 def headline_section(data: RunData) -> Section | None:
     """The result that matters (the bench's `headline`), first and large: its full-width chart, its
     rows, and the exact `agentgym-opsd eval` command that plays its episodes again."""
-    from agentgym_opsd.app.bench import HEADLINE_CHART, eval_command, headline_title
-
     headline = data.bench.headline if data.bench is not None else None
     if headline is None or not data.results:
         return None
@@ -466,7 +467,7 @@ def training_section(data: RunData) -> Section | None:
 
 def reading_teacher_section(data: RunData) -> Section | None:
     """The real model as its own teacher on expert-with-detours episodes: the AUC of its credit, and where
-    the viewer shows the episodes (`agentgym_opsd.app.reading_teacher`)."""
+    the viewer shows the episodes (`agentgym_app.reading_teacher`)."""
     summary = data.reading_teacher
     if not summary:
         return None

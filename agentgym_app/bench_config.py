@@ -1,6 +1,6 @@
 """The bench config: what `agentgym-opsd bench CONFIG` plays, read from TOML (`.toml`) or YAML
 (`.yaml`/`.yml`), checked, and normalised into a `BenchConfig` (`load_config`, `config_from_dict`).
-`agentgym_opsd.app.bench` runs it.
+`agentgym_app.bench` runs it.
 
     agents = ["expert", "random"]      # random, expert, hf:PATH, openai:BASE_URL#MODEL, or
                                        # { name = "tiny", agent = "hf:runs/x/model" } to name one
@@ -31,7 +31,7 @@ else reads only what it was given.
 `envs` may also be a list of ids. `family` stands for the family's per-subset ids (an id whose subset
 is `all` is used only when the family has no other).
 
-Which tasks a run seed plays, and what a run folder holds: `agentgym_opsd.app.bench`.
+Which tasks a run seed plays, and what a run folder holds: `agentgym_app.bench`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.context import ContextPolicy
+from agentgym_opsd.io import DataFileError, read_config_file
+from agentgym_opsd.paths import PathOutsideRoot, contain_path_options
 from agentgym_opsd.registry import EnvOptionError, check_env_options, entry, registered_envs
 
 __all__ = ["AgentSpec", "BenchConfig", "ConfigError", "EnvSpec", "Headline", "config_from_dict", "load_config"]
@@ -135,8 +138,6 @@ _HEADLINE_KEYS = {"id", "split", "label", "note"}
 
 
 def _read(path: Path) -> dict[str, Any]:
-    from agentgym_opsd.io import DataFileError, read_config_file
-
     if path.suffix not in (".toml", ".yaml", ".yml"):
         raise ConfigError(f"{path}: a bench config is a .toml, .yaml or .yml file")
     try:
@@ -183,7 +184,6 @@ def config_from_dict(data: dict[str, Any], where: str = "config", *,
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ConfigError(f"{where}: step_timeout must be a positive number of seconds")
     context = str(data.get("context", "full"))
-    from agentgym_opsd.context import ContextPolicy
 
     try:
         ContextPolicy.parse(context)
@@ -326,7 +326,6 @@ def _env_options(options: Any, here: str, data_root: str | Path | None) -> dict[
         raise ConfigError(f"{here}: options: {bad[0]!r} is not a keyword name")
     if data_root is None:
         return options
-    from agentgym_opsd.paths import PathOutsideRoot, contain_path_options
 
     try:
         return contain_path_options(options, data_root, f"{here}: options")
