@@ -200,8 +200,6 @@ def test_the_underscore_rule_itself(source, found):
 LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("trainer/openrlhf/launch.py", "trainer.openrlhf.ray_trainer"): "OpenRLHF's Ray trainer actor subclassed: it "
     "imports OpenRLHF and Ray (the [gpu] extra) at its top, so it loads only when a launch installs it",
-    ("trainer/sampling.py", "trainer.forward"): "the sampler is being rewritten on its own branch; that rewrite "
-    "moves this import to the top",
 }
 
 
