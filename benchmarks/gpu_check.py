@@ -83,11 +83,11 @@ def main() -> int:
     trainer.hooks["after_update"].append(lambda tr, rec: records.append(rec))
     started = time.perf_counter()
     trainer.start()
-    print(f"model: Qwen3 hidden {args.hidden}, {args.layers} layers, vocab {len(trainer.tokenizer)}: "
-          f"{parameter_count(trainer.model) / 1e6:.1f}M parameters on {device} in {dtype}; env {env_id}")
+    print(f"model: Qwen3 hidden {args.hidden}, {args.layers} layers, vocab {len(trainer.state.tokenizer)}: "
+          f"{parameter_count(trainer.state.model) / 1e6:.1f}M parameters on {device} in {dtype}; env {env_id}")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    while trainer.step < config.steps:
+    while trainer.state.step < config.steps:
         trainer.rl_step()
     wall = time.perf_counter() - started
     print(f"{'update':>6} {'episodes':>8} {'gen tokens':>10} {'rollout tok/s':>13} {'train tokens':>12} "
@@ -99,7 +99,7 @@ def main() -> int:
     later = records[1:] or records  # the first update includes CUDA warm-up
     summary = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-        "parameters_m": round(parameter_count(trainer.model) / 1e6, 1),
+        "parameters_m": round(parameter_count(trainer.state.model) / 1e6, 1),
         "rollout_tokens_per_s": round(sum(r["rollout/tokens_per_s"] for r in later) / len(later), 1),
         "update_tokens_per_s": round(sum(r["update/tokens_per_s"] for r in later) / len(later), 1),
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,

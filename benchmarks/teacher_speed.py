@@ -89,9 +89,9 @@ def main(argv=None) -> int:
         trainers[method] = run
     base = trainers["grpo"]
     for run in trainers.values():  # one policy for every method: same weights, same costs
-        run.model.load_state_dict(base.model.state_dict())
-        if run.teacher_model is not None:
-            run.teacher_model.load_state_dict(base.model.state_dict())
+        run.state.model.load_state_dict(base.state.model.state_dict())
+        if run.state.teacher_model is not None:
+            run.state.teacher_model.load_state_dict(base.state.model.state_dict())
     expert = PerturbedExpert(args.noise, seed=args.seed)
     requests = [EpisodeRequest(seed=1000 + t, episode_id=f"t{t}-g{i}", group=f"t{t}")
                 for t in range(args.tasks) for i in range(args.group_size)]
@@ -101,16 +101,16 @@ def main(argv=None) -> int:
 
     def update_step(method: str, teacher: str | None) -> dict[str, float]:
         run = trainers[method]
-        snapshot = {k: v.clone() for k, v in run.model.state_dict().items()}
+        snapshot = {k: v.clone() for k, v in run.state.model.state_dict().items()}
         times: dict[str, float] = {}
         times["rows"], rows = cpu_seconds(lambda: run.rows(episodes))
-        times["old_logprobs"], old = cpu_seconds(lambda: run.logprobs(run.model, rows))
+        times["old_logprobs"], old = cpu_seconds(lambda: run.logprobs(run.state.model, rows))
         scores = None
         if teacher is not None:
             times["teacher"], scores = cpu_seconds(lambda: run.teacher_scores(episodes, rows, strategy=teacher))
         times["credit"], (advantages, _, _) = cpu_seconds(lambda: run.advantages(episodes, rows, old, scores))
         times["update"], _ = cpu_seconds(lambda: run.update(rows, old, advantages, None))
-        run.model.load_state_dict(snapshot)  # every round starts from the same weights
+        run.state.model.load_state_dict(snapshot)  # every round starts from the same weights
         times["total"] = sum(times.values())
         return times
 

@@ -239,16 +239,16 @@ class Bench:
         self.torch = torch
 
     def fresh(self, choice: str):
-        """A copy of the model with only `choice`'s weights trainable, and its optimizer (the trainer's AdamW)."""
+        """A copy of the model with only `choice`'s weights trainable, and its optimizer (the trainer's,
+        `trainer.optim`, at the choice's rate)."""
+        from trainer.optim import make_optimizer
         from trainer.trainable import select_trainable
 
         model = copy.deepcopy(self.base)
         model.requires_grad_(True)
         model = select_trainable(model, **CHOICES[choice])
         model.train()
-        optimizer = self.torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=RATES[choice],
-                                           weight_decay=self.config.weight_decay, betas=(0.9, 0.99))
-        return model, optimizer
+        return model, make_optimizer(model, lr=RATES[choice], weight_decay=self.config.weight_decay)
 
     def rows(self, episodes, context: str | None = None):
         from trainer.rows import build_rows
@@ -282,12 +282,14 @@ class Bench:
         from trainer.credit import compute_advantages
         from trainer.forward import row_logprobs
         from trainer.loss import ppo_update
+        from trainer.optim import set_learning_rate
         from trainer.policy import autocast_context
 
+        set_learning_rate(optimizer, lr)
         with autocast_context(AUTOCAST[precision], "cpu"):
             old = row_logprobs(model, rows, micro_batch_tokens=self.args.batch_tokens)
             advantages, _ = compute_advantages(rows.credit_batch(student_logprobs=old), self.credit, 0)
-            return ppo_update(model, optimizer, rows, old, advantages, None, config=self.config, lr=lr, step=0,
+            return ppo_update(model, optimizer, rows, old, advantages, None, config=self.config, step=0,
                               temperature=1.0)
 
     def forward(self, model, rows, precision: str, how: str) -> float:
@@ -393,6 +395,7 @@ def main(argv=None) -> int:
     from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_json_file
     from agentgym_opsd.rollout import EpisodeRequest
     from tqdm.auto import tqdm
+    from trainer.optim import set_learning_rate
     from trainer.policy import cpu_has_fast_bf16
 
     agentgym_opsd.load_plugins()
@@ -568,8 +571,7 @@ def main(argv=None) -> int:
             bar.set_postfix_str(f"{choice} lr {lr:g}")
             if key not in done:
                 model, optimizer = bench.fresh(choice)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
+                set_learning_rate(optimizer, lr)
                 cpu, wall, loss = timed(lambda: bench.sft_pass(model, optimizer, train_examples, quality_precision))
                 record = {"choice": choice, "lr": lr, "train_loss": loss, "cpu_s": cpu, "wall_s": wall,
                           "held_out": bench.held_out(model, *evals["held_out"][:2], quality_precision)}
