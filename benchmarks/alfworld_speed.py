@@ -19,7 +19,7 @@ Actions: for each game, a fixed sequence recorded once from our env (seeded: ran
 a few non-admissible ones, then the expert to the goal), replayed identically on every engine; the
 observations are checked equal along the way.
 
-    .venv/bin/python benchmarks/alfworld_speed.py [--games-per-type 2] [--split valid_seen]
+    .venv/bin/python -m benchmarks.alfworld_speed [--games-per-type 2] [--split valid_seen]
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-SHARED_GAME_ROOT = REPO.parent / "shared" / "data" / "alfworld"
+from benchmarks.common import SHARED_DATA
+
+SHARED_GAME_ROOT = SHARED_DATA / "alfworld"
 os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-alfworld-data"))
 
 

@@ -1,9 +1,9 @@
 """Does per-turn credit land on the turns that mattered? Every method's credit against the env's oracle.
 
-    .venv/bin/python benchmarks/credit_quality.py                          # the tiny Qwen3, warm-started (ALFWorld)
-    .venv/bin/python benchmarks/credit_quality.py --warm-start plain
-    .venv/bin/python benchmarks/credit_quality.py --model smollm2-135m     # the real model, no warm start
-    .venv/bin/python benchmarks/credit_quality.py --model smollm2-135m --family all --quick
+    .venv/bin/python -m benchmarks.credit_quality                          # the tiny Qwen3, warm-started (ALFWorld)
+    .venv/bin/python -m benchmarks.credit_quality --warm-start plain
+    .venv/bin/python -m benchmarks.credit_quality --model smollm2-135m     # the real model, no warm start
+    .venv/bin/python -m benchmarks.credit_quality --model smollm2-135m --family all --quick
 
 1. The model, student and live teacher at once. `--model tiny` (the default): a tiny Qwen3 warm-started
    on ALFWorld Pick (cached under OUT/warmstart-<kind>-<N>games): fine-tuned on the expert with random
@@ -72,10 +72,8 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from trainer.credit_auc import (  # noqa: E402 (after the path)
+from benchmarks.common import git_commit
+from trainer.credit_auc import (
     EpisodeItems,
     beyond_auc,
     interval,
@@ -461,8 +459,6 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
     from trainer.teacher import score_teacher
 
     started = time.perf_counter()
-    from run_info import git_commit
-
     load_before, commit = os.getloadavg(), git_commit()
     settings = family_settings(args, spec)
     key = {"model": model_fingerprint(model_folder), **settings}

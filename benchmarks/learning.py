@@ -1,12 +1,12 @@
 """Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO's?
 
-    .venv/bin/python benchmarks/learning.py                       # real model: 1 warm start, 1 seed, 4 methods (73 min)
-    .venv/bin/python benchmarks/learning.py --seeds 3             # two more seeds per method (finished runs kept)
-    .venv/bin/python benchmarks/learning.py --seeds 3 --warm-starts 2
-    .venv/bin/python benchmarks/learning.py --quick               # smoke run: 1 update, 10 games (9.6 min here)
-    .venv/bin/python benchmarks/learning.py --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
-    .venv/bin/python benchmarks/learning.py --sft-privileged 0.5 --warm-only --out runs/learning-literate
-    .venv/bin/python benchmarks/learning.py --table-only --out runs/learning-smollm2-135m  # the finished runs' table
+    .venv/bin/python -m benchmarks.learning                       # real model: 1 warm start, 1 seed, 4 methods (73 min)
+    .venv/bin/python -m benchmarks.learning --seeds 3             # two more seeds per method (finished runs kept)
+    .venv/bin/python -m benchmarks.learning --seeds 3 --warm-starts 2
+    .venv/bin/python -m benchmarks.learning --quick               # smoke run: 1 update, 10 games (9.6 min here)
+    .venv/bin/python -m benchmarks.learning --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
+    .venv/bin/python -m benchmarks.learning --sft-privileged 0.5 --warm-only --out runs/learning-literate
+    .venv/bin/python -m benchmarks.learning --table-only --out runs/learning-smollm2-135m  # the finished runs' table
 
 1. Warm starts (`--warm-starts W`, each once, cached under OUT/warm<w>): the model fine-tuned on expert
    episodes of ALFWorld Pick (small rooms) with random detours the expert recovers from (only the
@@ -48,10 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from agentgym_opsd.summary import wilson_interval as wilson  # noqa: E402  (the repository, just put on the path)
+from agentgym_opsd.summary import wilson_interval as wilson
+from benchmarks.held_out_games import twin_free_seeds
 
 DEFAULT_METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
 
@@ -251,8 +249,6 @@ def held_out_panel(args, env_options: dict) -> tuple[dict, list[int], str]:
     if args.eval_split == "valid_unseen":
         return eval_options, list(range(args.eval_games)), (
             f"held-out panel: {args.eval_games} valid_unseen games (floor plans the training never saw)")
-    from held_out_games import twin_free_seeds
-
     seeds, dropped = twin_free_seeds(args.env, {**env_options, "progress": False},
                                      {**env_options, **eval_options, "progress": False}, args.eval_games)
     return eval_options, seeds, (f"held-out panel: {len(seeds)} {args.eval_split} games ({dropped} of the first "

@@ -25,8 +25,8 @@ which the methods take turns, and the total is the sum of those minima: other jo
 change wall time, much less CPU time, and what they still add (mostly to the update step, the same
 work for every method) is not a cost of the method.
 
-    .venv/bin/python benchmarks/teacher_speed.py            # 8 x 8 episodes, 3 rounds
-    .venv/bin/python benchmarks/teacher_speed.py --quick    # 4 x 4 episodes, 2 rounds (< 4 minutes)
+    .venv/bin/python -m benchmarks.teacher_speed            # 8 x 8 episodes, 3 rounds
+    .venv/bin/python -m benchmarks.teacher_speed --quick    # 4 x 4 episodes, 2 rounds (< 4 minutes)
 
 The last line reads `stepopsd/grpo update X.XX, agentopsd/grpo update Y.YY` (the default teacher).
 """
@@ -36,11 +36,9 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import timed
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,12 +52,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="4 tasks x 4 episodes, 2 rounds")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
-
-
-def cpu_seconds(fn):
-    t0 = time.process_time()
-    out = fn()
-    return time.process_time() - t0, out
 
 
 def main(argv=None) -> int:
@@ -103,13 +95,13 @@ def main(argv=None) -> int:
         run = trainers[method]
         snapshot = {k: v.clone() for k, v in run.state.model.state_dict().items()}
         times: dict[str, float] = {}
-        times["rows"], rows = cpu_seconds(lambda: run.rows(episodes))
-        times["old_logprobs"], old = cpu_seconds(lambda: run.logprobs(run.state.model, rows))
+        times["rows"], _, rows = timed(lambda: run.rows(episodes))
+        times["old_logprobs"], _, old = timed(lambda: run.logprobs(run.state.model, rows))
         scores = None
         if teacher is not None:
-            times["teacher"], scores = cpu_seconds(lambda: run.teacher_scores(episodes, rows, strategy=teacher))
-        times["credit"], (advantages, _, _) = cpu_seconds(lambda: run.advantages(episodes, rows, old, scores))
-        times["update"], _ = cpu_seconds(lambda: run.update(rows, old, advantages, None))
+            times["teacher"], _, scores = timed(lambda: run.teacher_scores(episodes, rows, strategy=teacher))
+        times["credit"], _, (advantages, _, _) = timed(lambda: run.advantages(episodes, rows, old, scores))
+        times["update"], _, _ = timed(lambda: run.update(rows, old, advantages, None))
         run.state.model.load_state_dict(snapshot)  # every round starts from the same weights
         times["total"] = sum(times.values())
         return times

@@ -1,8 +1,8 @@
 """Which weights to train, in which precision: tokens/s of an SFT pass and of an RL update, and quality at equal budget.
 
-    .venv/bin/python benchmarks/train_speed.py --quick    # 4 episodes, 2 rounds, 24 + 8 quality episodes (~30 min here)
-    .venv/bin/python benchmarks/train_speed.py            # 12 episodes, 2 rounds, 120 + 40 quality episodes
-    .venv/bin/python benchmarks/train_speed.py --rates 2  # also a third of each choice's learning rate
+    .venv/bin/python -m benchmarks.train_speed --quick    # 4 episodes, 2 rounds, 24 + 8 quality episodes (~30 min here)
+    .venv/bin/python -m benchmarks.train_speed            # 12 episodes, 2 rounds, 120 + 40 quality episodes
+    .venv/bin/python -m benchmarks.train_speed --rates 2  # also a third of each choice's learning rate
 
 Model: `--model` (default `smollm2-135m`, SmolLM2-135M-Instruct, 30 layers) in float32 weights, on the CPU,
 torch on one thread (`torch.set_num_threads(1)`; a second thread beside another job's is many times
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import math
 import os
 import statistics
@@ -55,10 +54,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from run_info import git_commit  # noqa: E402  (benchmarks/, the script's own folder)
+from benchmarks.common import git_commit, load_average, save_png, timed
 
 ENV = "agentgym/ALFWorld-Pick-v0"
 GROUP = 4  # episodes per game in the speed rows
@@ -209,10 +205,6 @@ def cpu_flags() -> list[str]:
     return []
 
 
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 # ---------------------------------------------------------------------------------------------
 # The work measured
 
@@ -358,14 +350,6 @@ class Bench:
         return {"nll_sum": nll.tolist(), "count": count.tolist(), "matched_turns": matched, "turns": turns,
                 "nll": float(nll.sum() / count.sum().clamp(min=1)), "exact_match": matched / max(1, turns),
                 "token_accuracy": hits / max(1.0, float(count.sum()))}
-
-
-def timed(fn):
-    """(CPU seconds, wall seconds, result) of fn()."""
-    gc.collect()
-    c0, w0 = time.process_time(), time.perf_counter()
-    out = fn()
-    return time.process_time() - c0, time.perf_counter() - w0, out
 
 
 def play(env_options: dict, split: str, requests, *, seed: int, progress):
@@ -698,15 +682,11 @@ def main(argv=None) -> int:
 
 
 def plot(summary: dict, precisions: list[str], choices: list[str], path: Path) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-
-    from agentgym_opsd.io import atomic_write_bytes
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     x = np.arange(len(choices))
@@ -720,10 +700,7 @@ def plot(summary: dict, precisions: list[str], choices: list[str], path: Path) -
         ax.set(title=title, ylabel="row tokens / CPU s (1 thread)")
         ax.legend()
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_png(fig, path)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Does the warm start generalise? A policy's success on its own training games against held-out ones.
 
-    .venv/bin/python benchmarks/warm_start.py                                   # learning.py's tiny one: 200 Pick games
-    .venv/bin/python benchmarks/warm_start.py --train-games 1000 --expert searching --max-turns 15
-    .venv/bin/python benchmarks/warm_start.py --base smollm2-135m               # the real model (its defaults below)
-    .venv/bin/python benchmarks/warm_start.py --model runs/learning/sft/model  # evaluate a warm start you have
+    .venv/bin/python -m benchmarks.warm_start                                   # learning.py's tiny one: 200 Pick games
+    .venv/bin/python -m benchmarks.warm_start --train-games 1000 --expert searching --max-turns 15
+    .venv/bin/python -m benchmarks.warm_start --base smollm2-135m               # the real model (its defaults below)
+    .venv/bin/python -m benchmarks.warm_start --model runs/learning/sft/model  # evaluate a warm start you have
 
 1. A warm start on `--train-games` ALFWorld Pick games in small rooms (a panel of Pick games only,
    `panel_own_types=True`): SFT on `--sft-episodes` expert episodes with random detours (only the
@@ -34,8 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.held_out_games import twin_free_seeds
 
 ENV = "agentgym/ALFWorld-Pick-v0"
 
@@ -91,7 +90,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
-    from held_out_games import twin_free_seeds
 
     import agentgym_opsd
     from agentgym_opsd.io import atomic_write_json

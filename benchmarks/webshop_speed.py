@@ -12,9 +12,9 @@ Measures, for `--envs` instances (default 64) made with `gymnasium.make("agentgy
   `--episodes` episodes per env of a mixed agent (the expert's moves, with random admissible
   clicks mixed in), round-robin over the instances as a rollout would.
 
-    .venv/bin/python benchmarks/webshop_speed.py                         # ../shared/data/webshop, 64 envs
-    .venv/bin/python benchmarks/webshop_speed.py --catalog builtin --envs 16
-    .venv/bin/python benchmarks/webshop_speed.py --catalog DIR --no-heap --json out.json  # what scale.py runs
+    .venv/bin/python -m benchmarks.webshop_speed                         # ../shared/data/webshop, 64 envs
+    .venv/bin/python -m benchmarks.webshop_speed --catalog builtin --envs 16
+    .venv/bin/python -m benchmarks.webshop_speed --catalog DIR --no-heap --json out.json  # what scale.py runs
 
 The catalog's load (its files and goals: `catalog_load_s`, with the peak RSS it reached) and the index
 build (`index_build_s`) are timed apart before the first env is made.
@@ -28,7 +28,6 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -36,14 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import agentgym_opsd
+from agentgym_opsd.io import atomic_write_json
+from benchmarks.common import SHARED_DATA
 
-import agentgym_opsd  # noqa: E402
-from agentgym_opsd.io import atomic_write_json  # noqa: E402
-
-DEFAULT_CATALOG = REPO.parent / "shared" / "data" / "webshop"
+DEFAULT_CATALOG = SHARED_DATA / "webshop"
 
 
 def rss_bytes() -> int:

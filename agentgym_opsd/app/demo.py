@@ -52,10 +52,10 @@ few to tell the methods apart, which is what benchmarks/learning.py is for. They
 the other subsets and Search-QA are tasks they never saw. The training curves show the reward the update used \
 (`credit/reward_mean`, with the penalties for invalid turns) beside the env's own (`train/reward`).
 
-The real figures: `python benchmarks/learning.py` (the real model, SmolLM2-135M-Instruct: held-out success on \
+The real figures: `python -m benchmarks.learning` (the real model, SmolLM2-135M-Instruct: held-out success on \
 ALFWorld Pick after a warm start and RL with each method, same seeds and budget; the README's Benchmarks table), \
-`python benchmarks/credit_quality.py` (how well each method's per-turn credit singles out the turns \
-that decided an episode) and `python benchmarks/warm_start.py` (why a tiny policy wins so few held-out \
+`python -m benchmarks.credit_quality` (how well each method's per-turn credit singles out the turns \
+that decided an episode) and `python -m benchmarks.warm_start` (why a tiny policy wins so few held-out \
 games: on a few hundred games it memorises them)."""
 
 
