@@ -73,6 +73,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import git_commit
+from trainer.recipes import PICK_ENV, PICK_TINY, TINY_QWEN3
 from trainer.credit_auc import (
     EpisodeItems,
     beyond_auc,
@@ -101,7 +102,7 @@ class FamilySpec:
 
 FAMILIES: dict[str, FamilySpec] = {
     "alfworld": FamilySpec(
-        "alfworld", "agentgym/ALFWorld-Pick-v0",
+        "alfworld", PICK_ENV,
         {"room": "small", "split": "train", "panel_own_types": True, "progress": False},  # + panel_size (--train-games)
         max_turns=8, detour=0.5, note_types=("pick", "look", "clean", "heat", "cool", "pick_two"),
     ),
@@ -138,8 +139,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--literate-share", type=float, default=0.5)
     ap.add_argument("--sft-episodes", type=int, default=400)
     ap.add_argument("--sft-epochs", type=int, default=5)
-    ap.add_argument("--tiny-hidden", type=int, default=128)
-    ap.add_argument("--tiny-layers", type=int, default=2)
+    ap.add_argument("--tiny-hidden", type=int, default=TINY_QWEN3["tiny_hidden"])
+    ap.add_argument("--tiny-layers", type=int, default=TINY_QWEN3["tiny_layers"])
     ap.add_argument("--train-games", type=int, default=1000,
                     help="ALFWorld: a panel of that many Pick training games, the scored episodes' games (and the tiny "
                     "model's warm start's: benchmarks/warm_start.py: a tiny model memorises 200 games, not 1,000)")
@@ -392,14 +393,15 @@ def load_model(args, out: Path, progress: bool):
     warm = out / f"warmstart-{args.warm_start}-{args.train_games}games"
     if not (warm / "model" / "config.json").exists():
         spec = FAMILIES["alfworld"]
-        env_options = {**spec.options, "max_turns": 12,
+        env_options = {**spec.options, "max_turns": PICK_TINY.max_turns,
                        "panel_size": {"train": args.train_games, "valid_seen": 0, "valid_unseen": 0}}
         literate = {"sft_privileged": args.literate_share} if args.warm_start == "literate" else {}
+        # the tiny recipe's warm start (trainer/recipes.py), on this benchmark's games, episodes and epochs
+        model = {**TINY_QWEN3, "tiny_hidden": args.tiny_hidden, "tiny_layers": args.tiny_layers}
         config = TrainConfig(
-            env_id=spec.env, out=str(warm), method="grpo", model="tiny", tokenizer="trained", vocab_size=1024,
-            tiny_hidden=args.tiny_hidden, tiny_layers=args.tiny_layers, env_options=env_options,
-            sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_noise=0.25, sft_lr=3e-3, steps=0,
-            save_every=0, eval_episodes=0, seed=args.seed, device="cpu", **literate,
+            env_id=spec.env, out=str(warm), method="grpo", env_options=env_options, sft_episodes=args.sft_episodes,
+            sft_epochs=args.sft_epochs, sft_noise=PICK_TINY.sft_noise, sft_lr=PICK_TINY.sft_lr, steps=0,
+            save_every=0, eval_episodes=0, seed=args.seed, device="cpu", **model, **literate,
         )
         LocalTrainer(config, progress=progress).run()
     model, tokenizer = load_policy(str(warm / "model"), device="cpu")

@@ -10,10 +10,12 @@
 
 1. Warm starts (`--warm-starts W`, each once, cached under OUT/warm<w>): the model fine-tuned on expert
    episodes of ALFWorld Pick (small rooms) with random detours the expert recovers from (only the
-   expert's turns are imitated). For the real model (`--model smollm2-135m`, the default, or a model
-   folder): the searching expert (it looks for the object receptacle by receptacle, as a policy must),
-   1,000 training games, the top 8 layers trained, bf16 autocast where the CPU has bf16 units
-   (benchmarks/train_speed.py). Warm start w uses its own expert episodes and shuffling.
+   expert's turns are imitated), by the model kind's recipe (trainer/recipes.py: `PICK_REAL`,
+   `PICK_TINY`, their `_QUICK` forms with `--quick`; flags override it). For the real model
+   (`--model smollm2-135m`, the default, or a model folder): the searching expert (it looks for the
+   object receptacle by receptacle, as a policy must), 1,000 training games, the top 8 layers trained,
+   bf16 autocast where the CPU has bf16 units (benchmarks/train_speed.py). Warm start w uses its own
+   expert episodes and shuffling.
 2. The held-out panel: for the real model, valid_unseen games (floor plans the training never saw);
    for the tiny model, valid_seen games without a training twin (the same goal and expert plan).
    Greedy, one episode per game. Each warm start is evaluated on it once.
@@ -38,6 +40,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -50,31 +53,23 @@ import numpy as np
 
 from agentgym_opsd.summary import wilson_interval as wilson
 from benchmarks.held_out_games import twin_free_seeds
+from trainer.recipes import (
+    PICK_ENV,
+    PICK_REAL,
+    PICK_REAL_QUICK,
+    PICK_TINY,
+    PICK_TINY_QUICK,
+    TINY_QWEN3,
+    PickRecipe,
+)
 
 DEFAULT_METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
-
-# Per model kind: what a run of this benchmark trains and measures (command-line flags override).
-# The real model's budget: a warm start and one seed of every method took 73.4 minutes in one invocation on this
-# 2-core machine (warm start 22.6 min with its 50-game evaluation, then 4 RL runs of 21-27 min, two at a time).
-REAL = dict(
-    train_games=1000, eval_split="valid_unseen", eval_games=50, max_turns=15, expert_searches=True,
-    sft_episodes=400, sft_epochs=2, sft_lr=1e-4, sft_noise=0.25, train_layers=8, autocast="auto",
-    steps=4, tasks_per_step=4, group_size=4, lr=1e-5, lr_schedule="constant", mini_batches=2, max_new_tokens=32,
-)
-REAL_QUICK = dict(REAL, train_games=1000, eval_games=10, sft_episodes=40, sft_epochs=1, steps=1, tasks_per_step=2,
-                  group_size=4)
-TINY = dict(
-    train_games=200, eval_split="valid_seen", eval_games=300, max_turns=12, expert_searches=False,
-    sft_episodes=1500, sft_epochs=6, sft_lr=3e-3, sft_noise=0.25, train_layers=0, autocast="none",
-    steps=20, tasks_per_step=8, group_size=8, lr=1e-3, lr_schedule="linear", mini_batches=4, max_new_tokens=24,
-)
-TINY_QUICK = dict(TINY, eval_games=40, sft_episodes=200, sft_epochs=2, steps=2, tasks_per_step=4, group_size=4)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), a model folder, or tiny")
-    ap.add_argument("--env", default="agentgym/ALFWorld-Pick-v0")
+    ap.add_argument("--env", default=PICK_ENV)
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     ap.add_argument("--seeds", type=int, default=1, help="RL runs per method and warm start (seeds 0..N-1), paired")
     ap.add_argument("--warm-starts", type=int, default=1, help="independent warm starts (0..W-1), each with every run")
@@ -84,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                        ("sft-epochs", int), ("sft-lr", float), ("sft-noise", float), ("train-layers", int),
                        ("steps", int), ("tasks-per-step", int), ("group-size", int), ("lr", float),
                        ("mini-batches", int), ("max-new-tokens", int)):
-        ap.add_argument(f"--{name}", type=kind, help="default: the model kind's (see the REAL and TINY tables)")
+        ap.add_argument(f"--{name}", type=kind, help="default: the model kind's recipe (trainer/recipes.py)")
     ap.add_argument("--autocast", choices=("none", "bf16", "auto"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="cpu (default) or cuda: one GPU, the model in bf16 "
@@ -92,9 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lr-schedule", choices=("constant", "linear"))
     ap.add_argument("--sft-privileged", type=float, default=0.0, help="literate warm start: the share of episodes "
                     "also taught in the teacher's privileged contexts")
-    ap.add_argument("--tiny-hidden", type=int, default=128)
-    ap.add_argument("--tiny-layers", type=int, default=2)
-    ap.add_argument("--vocab-size", type=int, default=1024)
+    ap.add_argument("--tiny-hidden", type=int, default=TINY_QWEN3["tiny_hidden"])
+    ap.add_argument("--tiny-layers", type=int, default=TINY_QWEN3["tiny_layers"])
+    ap.add_argument("--vocab-size", type=int, default=TINY_QWEN3["vocab_size"])
     ap.add_argument("--bootstrap", type=int, default=2000)
     ap.add_argument("--credit", action="append", default=[], metavar="KEY=VALUE",
                     help="credit setting for every method")
@@ -113,8 +108,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     tiny = args.model == "tiny"
-    profile = (TINY_QUICK if args.quick else TINY) if tiny else (REAL_QUICK if args.quick else REAL)
-    for name, value in profile.items():
+    recipe = (PICK_TINY_QUICK if args.quick else PICK_TINY) if tiny else (PICK_REAL_QUICK if args.quick else PICK_REAL)
+    for name, value in recipe.fields().items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
     for name in ("train_games", "eval_games", "max_turns", "sft_episodes", "sft_epochs", "steps", "tasks_per_step",
@@ -130,6 +125,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         label = Path(args.model).name if not tiny else "tiny"
         args.out = f"runs/learning-{label}" + ("-quick" if args.quick else "")
     return args
+
+
+def recipe_of(args: argparse.Namespace) -> PickRecipe:
+    """The recipe this invocation trains: the model kind's (trainer/recipes.py) with the flags given."""
+    return PickRecipe(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PickRecipe)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,12 +309,11 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()[0]
     panel = {"train": args.train_games, "valid_seen": args.eval_games if args.eval_split == "valid_seen" else 0,
              "valid_unseen": args.eval_games if args.eval_split == "valid_unseen" else 0}
-    env_options = {"room": "small", "split": "train", "max_turns": args.max_turns, "panel_size": panel,
-                   "panel_own_types": True, "expert_searches": bool(args.expert_searches), "progress": False}
+    env_options = recipe_of(args).env_options(panel)
     eval_options, seeds, panel_line = held_out_panel(args, env_options)
     print(panel_line, flush=True)
-    model_fields = (dict(model="tiny", tokenizer="trained", vocab_size=args.vocab_size, tiny_hidden=args.tiny_hidden,
-                         tiny_layers=args.tiny_layers) if tiny else dict(model=args.model))
+    model_fields = ({**TINY_QWEN3, "vocab_size": args.vocab_size, "tiny_hidden": args.tiny_hidden,
+                     "tiny_layers": args.tiny_layers} if tiny else dict(model=args.model))
     common = dict(
         env_id=args.env, env_options=env_options, eval_env_options=eval_options, context="full",
         eval_episodes=len(seeds), eval_seeds=seeds, eval_temperature=0.0, max_new_tokens=args.max_new_tokens,

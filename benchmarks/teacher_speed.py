@@ -1,10 +1,10 @@
 """What does the teacher cost? The update step of each credit method on one batch, in one run.
 
-The batch has the learning benchmark's shapes (benchmarks/learning.py): ALFWorld Pick in small rooms,
-full-chat context, T tasks x G episodes of at most 12 turns, a tiny Qwen3 (hidden 128, 2 layers) on a
-1024-token BPE trained on the env's text. The episodes are the expert's with random detours (so
-groups mix successes and failures, and failed episodes get a peer trajectory in their hindsight
-block); the model's weights do not change what the steps cost.
+The batch has the learning benchmark's shapes (benchmarks/learning.py, the tiny recipe of
+trainer/recipes.py): ALFWorld Pick in small rooms, full-chat context, T tasks x G episodes of at most 12
+turns, a tiny Qwen3 (hidden 128, 2 layers) on a 1024-token BPE trained on the env's text. The episodes
+are the expert's with random detours (so groups mix successes and failures, and failed episodes get a
+peer trajectory in their hindsight block); the model's weights do not change what the steps cost.
 
 For each method, an update step is everything the local trainer does after the rollout: token rows,
 the old log-probs, the teacher's log-probs (StepOPSD: a stale snapshot with the hindsight block;
@@ -39,15 +39,16 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import timed
+from trainer.recipes import PICK_ENV, PICK_TINY, TINY_QWEN3
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-turns", type=int, default=12)
+    ap.add_argument("--max-turns", type=int, default=PICK_TINY.max_turns)
     ap.add_argument("--noise", type=float, default=0.4, help="the expert's detour rate (mixed outcomes)")
-    ap.add_argument("--mini-batches", type=int, default=4)
+    ap.add_argument("--mini-batches", type=int, default=PICK_TINY.mini_batches)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="4 tasks x 4 episodes, 2 rounds")
     ap.add_argument("--seed", type=int, default=0)
@@ -71,11 +72,10 @@ def main(argv=None) -> int:
                    "panel_size": {"train": 200, "valid_seen": 300, "valid_unseen": 10}, "progress": False}
     trainers = {}
     for method in ("grpo", "stepopsd", "agentopsd"):
-        config = TrainConfig(env_id="agentgym/ALFWorld-Pick-v0", out=str(work / method), method=method, model="tiny",
-                             tokenizer="trained", vocab_size=1024, tiny_hidden=128, tiny_layers=2,
-                             env_options=env_options,
-                             sft_episodes=64, sft_epochs=1, steps=1, mini_batches=args.mini_batches, eval_episodes=0,
-                             save_every=0, max_new_tokens=24, seed=args.seed, device="cpu", cpu_threads=1)
+        config = TrainConfig(env_id=PICK_ENV, out=str(work / method), method=method, **TINY_QWEN3,
+                             env_options=env_options, sft_episodes=64, sft_epochs=1, steps=1,
+                             mini_batches=args.mini_batches, eval_episodes=0, save_every=0,
+                             max_new_tokens=PICK_TINY.max_new_tokens, seed=args.seed, device="cpu", cpu_threads=1)
         run = LocalTrainer(config, progress=False)
         run.start()
         trainers[method] = run

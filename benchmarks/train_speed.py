@@ -55,10 +55,10 @@ import time
 from pathlib import Path
 
 from benchmarks.common import git_commit, load_average, save_png, timed
+from trainer.recipes import PICK_ENV as ENV
+from trainer.recipes import SFT_NOISE as NOISE
 
-ENV = "agentgym/ALFWorld-Pick-v0"
 GROUP = 4  # episodes per game in the speed rows
-NOISE = 0.25
 # name -> select_trainable keywords
 CHOICES: dict[str, dict[str, int]] = {
     "full": {},
