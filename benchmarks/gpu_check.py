@@ -4,7 +4,7 @@
     python -m benchmarks.gpu_check --hidden 2048 --layers 16 --steps 3
 
 It runs the local trainer (`trainer.local`) for `--steps` GRPO updates of T tasks x G episodes on
-an env (`--env`, default ALFWorld Pick in small rooms, 8 turns), and prints the
+an env (`--env`, default ALFWorld Pick), and prints the
 model size, rollout tokens/s (generated tokens over rollout wall time), update tokens/s (trained
 tokens over forward+backward+AdamW wall time) and peak GPU memory. Where no CUDA GPU is visible it
 exits at once with a message saying so (`--allow-cpu` runs a small model on the CPU instead, to
@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 DEFAULT_ENV = "agentgym/ALFWorld-Pick-v0"
-DEFAULT_OPTIONS = {"room": "small", "max_turns": 8, "progress": False}
 
 
 def pick_env(requested: str | None) -> tuple[str, dict]:
-    """(env id, its options): `requested`, or ALFWorld Pick; an id nobody registered exits with a message."""
+    """(env id, its options): `requested`, or ALFWorld Pick with its defaults; an id nobody registered exits
+    with a message."""
     import agentgym_opsd
     from agentgym_opsd.registry import registered_envs
 
@@ -35,7 +35,7 @@ def pick_env(requested: str | None) -> tuple[str, dict]:
     if env_id not in ids:
         raise SystemExit(f"gpu_check: no env {env_id!r} is registered here; install the project (pip install -e .) "
                          f"or pass --env with one of: {', '.join(sorted(ids)) or 'none'}")
-    return env_id, {} if requested else dict(DEFAULT_OPTIONS)
+    return env_id, {}
 
 
 def main() -> int:
@@ -46,7 +46,7 @@ def main() -> int:
     ap.add_argument("--tasks-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--env", default=None, help=f"a registered env id (default: {DEFAULT_ENV}, small rooms)")
+    ap.add_argument("--env", default=None, help=f"a registered env id (default: {DEFAULT_ENV})")
     ap.add_argument("--tokenizer", default="auto", help="auto: ../shared/data/tokenizers/qwen3 when present")
     ap.add_argument("--allow-cpu", action="store_true", help="no GPU: run a small model on the CPU (script check)")
     ap.add_argument("--out", default=None)
