@@ -45,10 +45,11 @@ from environments.alfworld.panel import PanelSpec, ensure_panel
 from environments.searchqa.synthetic import serve_synthetic
 from trainer.config import TrainConfig
 from trainer.local import LocalTrainer
+from trainer.recipes import PICK_ENV, PICK_TINY_DEMO, TINY_QWEN3
 
 __all__ = ["DemoSettings", "run_demo", "run_from_args"]
 
-TRAIN_ENV = "agentgym/ALFWorld-Pick-v0"
+TRAIN_ENV = PICK_ENV
 SEARCHQA_ENV = "agentgym/SearchQA-Synthetic-v0"
 # The bench's names for the tiny policies, and what they are: run folder -> name.
 POLICIES = {"warmstart": "warm start", "training/grpo": "grpo", "training/stepopsd": "stepopsd"}
@@ -66,10 +67,10 @@ few to tell the methods apart, which is what benchmarks/learning.py is for. They
 the other subsets and Search-QA are tasks they never saw. The training curves show the reward the update used \
 (`credit/reward_mean`, with the penalties for invalid turns) beside the env's own (`train/reward`).
 
-The real figures: `python benchmarks/learning.py` (the real model, SmolLM2-135M-Instruct: held-out success on \
+The real figures: `python -m benchmarks.learning` (the real model, SmolLM2-135M-Instruct: held-out success on \
 ALFWorld Pick after a warm start and RL with each method, same seeds and budget; the README's Benchmarks table), \
-`python benchmarks/credit_quality.py` (how well each method's per-turn credit singles out the turns \
-that decided an episode) and `python benchmarks/warm_start.py` (why a tiny policy wins so few held-out \
+`python -m benchmarks.credit_quality` (how well each method's per-turn credit singles out the turns \
+that decided an episode) and `python -m benchmarks.warm_start` (why a tiny policy wins so few held-out \
 games: on a few hundred games it memorises them)."""
 
 
@@ -87,28 +88,28 @@ class DemoSettings:
     # What makes the tiny policy win games it never saw (benchmarks/warm_start.py, learning.py): a
     # few hundred training games rather than a few dozen (on 16 it memorises them and wins none
     # elsewhere), ~10,000 expert episode-passes with random detours (so it sees corrections), the full
-    # chat as context, hidden 128.
-    train_games: int = 200  # ALFWorld Pick games, train split (the trainer's tasks)
-    held_out: int = 200  # Pick games on unseen floor plans (valid_unseen): the benchmark's held-out row (at a few
-    # percent, 100 games leave the interval touching 0 and the gap to random untestable)
+    # chat as context, hidden 128. The training settings are the demo's recipe (trainer/recipes.py).
+    train_games: int = PICK_TINY_DEMO.train_games  # ALFWorld Pick games, train split (the trainer's tasks)
+    held_out: int = PICK_TINY_DEMO.eval_games  # Pick games on unseen floor plans (valid_unseen): the benchmark's
+    # held-out row (at a few percent, 100 games leave the interval touching 0 and the gap to random untestable)
     panel_eval: int = 5  # per task type, valid_seen split (the benchmark's six subsets)
-    max_turns: int = 12  # ALFWorld turns before truncation (the small rooms' expert needs 3-12)
+    max_turns: int = PICK_TINY_DEMO.max_turns  # ALFWorld turns before truncation (the small rooms' expert needs 3-12)
     searchqa_episodes: int = 12
-    sft_episodes: int = 1500
-    sft_epochs: int = 7
-    sft_noise: float = 0.25  # the expert's chance of a random detour (then it corrects course)
-    sft_lr: float = 3e-3
-    tiny_hidden: int = 128
-    steps: int = 4
-    tasks_per_step: int = 4
-    group_size: int = 8
-    lr: float = 1e-3
-    max_new_tokens: int = 24
+    sft_episodes: int = PICK_TINY_DEMO.sft_episodes
+    sft_epochs: int = PICK_TINY_DEMO.sft_epochs
+    sft_noise: float = PICK_TINY_DEMO.sft_noise  # the expert's chance of a random detour (then it corrects course)
+    sft_lr: float = PICK_TINY_DEMO.sft_lr
+    tiny_hidden: int = TINY_QWEN3["tiny_hidden"]
+    steps: int = PICK_TINY_DEMO.steps
+    tasks_per_step: int = PICK_TINY_DEMO.tasks_per_step
+    group_size: int = PICK_TINY_DEMO.group_size
+    lr: float = PICK_TINY_DEMO.lr
+    max_new_tokens: int = PICK_TINY_DEMO.max_new_tokens
     # The trainer's own evaluation (before and after the updates), greedy on the first held-out games:
     # 64, one decoding batch, so that a policy at the held-out row's ~6% seldom reads 0 (at 5%, 0/64 has
     # a chance of 4%; 0/10 had 60%). The report says how many episodes a point is.
     eval_episodes: int = 64
-    vocab_size: int = 1024
+    vocab_size: int = TINY_QWEN3["vocab_size"]
     context: str = "full"
     # Torch threads of the warm start and the RL runs: their batches are large enough for two (the
     # benchmark's policies keep one: a decoding step's products are small).
@@ -318,6 +319,7 @@ def _train(out: Path, alfworld: dict[str, Any], settings: DemoSettings, stages: 
             config = TrainConfig(
                 out=str(run_dir), method=method, model=str(warm / "model"), steps=settings.steps,
                 tasks_per_step=settings.tasks_per_step, group_size=settings.group_size, lr=settings.lr,
+                lr_schedule=PICK_TINY_DEMO.lr_schedule, mini_batches=PICK_TINY_DEMO.mini_batches,
                 eval_every=settings.steps, save_every=0, cpu_threads=settings.train_threads, **common,
             )
             trainer = LocalTrainer(config, progress=progress)  # it writes each update's credit (credit.jsonl)

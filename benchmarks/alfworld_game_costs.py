@@ -5,6 +5,8 @@ compressed copy a compiled game keeps, the time to decompress it at a reset, and
 interns (in a table it never empties) when the game is compiled and reset, and the memory that only the table
 keeps alive (what a process held per game played, before `bound_interned_propositions`). Per process: the copy of
 fast-downward's library each engine loads, and one installed-version lookup of importlib.metadata.
+
+    .venv/bin/python -m benchmarks.alfworld_game_costs [--games-per-type 2]
 """
 
 from __future__ import annotations

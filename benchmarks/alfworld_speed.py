@@ -19,7 +19,7 @@ Actions: for each game, a fixed sequence recorded once from our env (seeded: ran
 a few non-admissible ones, then the expert to the goal), replayed identically on every engine; the
 observations are checked equal along the way.
 
-    .venv/bin/python benchmarks/alfworld_speed.py [--games-per-type 2] [--split valid_seen]
+    .venv/bin/python -m benchmarks.alfworld_speed [--games-per-type 2] [--split valid_seen]
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-SHARED_GAME_ROOT = REPO.parent / "shared" / "data" / "alfworld"
+from benchmarks.common import SHARED_DATA
+
+SHARED_GAME_ROOT = SHARED_DATA / "alfworld"
 os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-alfworld-data"))
 
 
@@ -134,25 +133,13 @@ def summary(values: list[float]) -> str:
             f"(n={len(values)})")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--games-per-type", type=int, default=2, help="embedded games per task type")
-    parser.add_argument("--split", default="valid_seen")
-    parser.add_argument("--random-steps", type=int, default=12, help="random commands before the expert takes over")
-    parser.add_argument("--no-alfredtwenv", action="store_true", help="skip alfworld's AlfredTWEnv on the real game")
-    parser.add_argument("--threads", default="1,2,4", help="thread counts for the env-threads comparison ('' to skip)")
-    args = parser.parse_args()
-
-    import textworld
-    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
-    from textworld.envs import PddlEnv
-
+def replay_plans(args):
+    """The games (the first `--games-per-type` of each type in the embedded panel's split, plus the real
+    ALFWorld game when ../shared/data has it) and a fixed command sequence for each: (plans, the real
+    game's env or None)."""
     from environments.alfworld.env import AlfWorldEnv
-    from environments.alfworld.compiled import compile_game, forget_compiled_games
-    from environments.alfworld.engine import AlfredEngine
 
     rng = random.Random(0)
-    # Games: the first k of each type in the embedded panel's split, plus the real ALFWorld game.
     sets = []
     embedded = AlfWorldEnv(split=args.split, progress=True)
     per_type: dict[str, list[int]] = {}
@@ -167,18 +154,19 @@ def main() -> int:
     if (SHARED_GAME_ROOT / "json_2.1.1").is_dir():
         real = AlfWorldEnv(source="alfworld", data_dir=str(SHARED_GAME_ROOT), split="train")
         sets.append((real, 0))
-
     plans = []
     for env, index in sets:
         actions = record_actions(env, index, args.random_steps, rng)
         plans.append((env, index, env.games[index].game_file, actions))
-    print(
-        f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes slow every "
-        "figure alike)")
-    print(f"{len(plans)} games ({len(plans) - (real is not None)} embedded from {args.split}, "
-          f"{int(real is not None)} real ALFWorld), {sum(len(p[3]) for p in plans)} commands in all")
+    return plans, real
 
-    # First use of a game ever: fast-downward translates it (then the translation is cached on disk).
+
+def first_and_cold_resets(plans) -> tuple[list[float], list[float]]:
+    """Reset seconds per game: at a game's first use ever (fast-downward translates it), and in a new
+    process (empty in-process cache, the translation read from the disk cache: what a new worker sees)."""
+    from environments.alfworld.compiled import compile_game, forget_compiled_games
+    from environments.alfworld.engine import AlfredEngine
+
     first = []
     probe = AlfredEngine()
     for _, _, game_file, _ in plans:
@@ -188,95 +176,133 @@ def main() -> int:
         probe.reset()
         first.append(time.perf_counter() - t0)
     probe.close()
-    # A new process: empty in-process cache, translations read from the disk cache (what a new worker sees).
     forget_compiled_games()
     cold = []
     for env, index, _, _ in plans:
         t0 = time.perf_counter()
         env.reset(seed=index)
         cold.append(time.perf_counter() - t0)
+    return first, cold
 
-    ours_reset, ours_step, raw_reset, raw_step = [], [], [], []
+
+def ours_against_raw(plans) -> tuple[dict[str, list[float]], int]:
+    """Every game replayed on our env and on the raw engine (TextWorld's PddlEnv with alfworld's
+    wrappers), command by command: (seconds per reset and step of each, the observations and admissible
+    lists that differ)."""
+    import textworld
+    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+    from textworld.envs import PddlEnv
+
+    times: dict[str, list[float]] = {"ours_reset": [], "ours_step": [], "raw_reset": [], "raw_step": []}
     raw = AlfredInfos(AlfredDemangler(
         PddlEnv(textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])), shuffle=False))
     mismatches = 0
     for env, index, game_file, actions in plans:
         t0 = time.perf_counter()
         obs, _ = env.reset(seed=index)
-        ours_reset.append(time.perf_counter() - t0)
+        times["ours_reset"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         raw.load(str(game_file))
         state = raw.reset()
-        raw_reset.append(time.perf_counter() - t0)
+        times["raw_reset"].append(time.perf_counter() - t0)
         mismatches += obs != state.feedback
         for command in actions:
             t0 = time.perf_counter()
             obs, _, _, _, info = env.step(f"<think>next</think><action>{command}</action>")
-            ours_step.append(time.perf_counter() - t0)
+            times["ours_step"].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             state, _, _ = raw.step(command)
-            raw_step.append(time.perf_counter() - t0)
+            times["raw_step"].append(time.perf_counter() - t0)
             mismatches += (obs != state.feedback) + (info["step"].admissible_actions != state["admissible_commands"])
+    return times, mismatches
 
+
+def print_ours_against_raw(first: list[float], cold: list[float], times: dict[str, list[float]],
+                           mismatches: int) -> None:
     print()
     print(f"{'':22s} {'ours':>52s}")
     print(f"reset, game's 1st use  {summary(first)}   (translates; once per machine)")
     print(f"reset, new process     {summary(cold)}   (translation read from the disk cache)")
-    print(f"reset                  {summary(ours_reset)}")
-    print(f"step                   {summary(ours_step)}")
+    print(f"reset                  {summary(times['ours_reset'])}")
+    print(f"step                   {summary(times['ours_step'])}")
     print(f"{'':22s} {'raw: TextWorld PddlEnv + AlfredDemangler + AlfredInfos':>52s}")
-    print(f"reset (load + reset)   {summary(raw_reset)}")
-    print(f"step                   {summary(raw_step)}")
+    print(f"reset (load + reset)   {summary(times['raw_reset'])}")
+    print(f"step                   {summary(times['raw_step'])}")
     print()
-    r_reset = statistics.fmean(ours_reset) / statistics.fmean(raw_reset)
-    r_cold = statistics.fmean(cold) / statistics.fmean(raw_reset)
-    r_first = statistics.fmean(first) / statistics.fmean(raw_reset)
-    r_step = statistics.fmean(ours_step) / statistics.fmean(raw_step)
+    raw_reset = statistics.fmean(times["raw_reset"])
+    r_reset = statistics.fmean(times["ours_reset"]) / raw_reset
+    r_cold = statistics.fmean(cold) / raw_reset
+    r_first = statistics.fmean(first) / raw_reset
+    r_step = statistics.fmean(times["ours_step"]) / statistics.fmean(times["raw_step"])
     print(f"ratio ours/raw: reset {r_reset:.4f} (new process {r_cold:.3f}, 1st use {r_first:.2f}), step {r_step:.4f} "
           f"-> per-step overhead {100 * (r_step - 1):+.1f}% (goal: <= +10%), speed-up x{1 / r_step:.0f}")
     print(f"observation/admissible mismatches along the replay: {mismatches}")
 
+
+def compare_alfredtwenv(real, plan) -> None:
+    """alfworld's own gym env (AlfredTWEnv, batch 1, a worker process) on the real game, the same
+    commands, against ours."""
+    from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
+
+    _, index, game_file, actions = plan
+    data_path = str(SHARED_GAME_ROOT / "json_2.1.1" / "train")
+    config = {
+        "env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6], "domain_randomization": False,
+                "expert_type": "handcoded"},
+        "dataset": {"data_path": data_path, "eval_id_data_path": data_path, "eval_ood_data_path": data_path,
+                    "num_train_games": -1, "num_eval_games": -1},
+        "logic": {"domain": "", "grammar": ""},
+        "general": {"training_method": "dqn"},
+        "rl": {"training": {"max_nb_steps_per_episode": 100}},
+    }
+    tw_env = AlfredTWEnv(config, train_eval="train").init_env(batch_size=1)
+    resets, steps = [], []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        tw_env.reset()
+        resets.append(time.perf_counter() - t0)
+        for command in actions:
+            t0 = time.perf_counter()
+            tw_env.step([command])
+            steps.append(time.perf_counter() - t0)
+    tw_env.close()
+    ours_real_steps = []
+    real.reset(seed=index)
+    for command in actions:
+        t0 = time.perf_counter()
+        real.step(command)
+        ours_real_steps.append(time.perf_counter() - t0)
+    print()
+    print("alfworld AlfredTWEnv (gym, batch 1, worker process) on the real game, same commands:")
+    print(f"reset                  {summary(resets)}")
+    print(f"step                   {summary(steps)}")
+    print(f"ours on that game: step {summary(ours_real_steps)}")
+    print(f"ratio ours/AlfredTWEnv: step {statistics.fmean(ours_real_steps) / statistics.fmean(steps):.4f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--games-per-type", type=int, default=2, help="embedded games per task type")
+    parser.add_argument("--split", default="valid_seen")
+    parser.add_argument("--random-steps", type=int, default=12, help="random commands before the expert takes over")
+    parser.add_argument("--no-alfredtwenv", action="store_true", help="skip alfworld's AlfredTWEnv on the real game")
+    parser.add_argument("--threads", default="1,2,4", help="thread counts for the env-threads comparison ('' to skip)")
+    args = parser.parse_args()
+
+    plans, real = replay_plans(args)
+    print(
+        f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes slow every "
+        "figure alike)")
+    print(f"{len(plans)} games ({len(plans) - (real is not None)} embedded from {args.split}, "
+          f"{int(real is not None)} real ALFWorld), {sum(len(p[3]) for p in plans)} commands in all")
+    first, cold = first_and_cold_resets(plans)
+    times, mismatches = ours_against_raw(plans)
+    print_ours_against_raw(first, cold, times, mismatches)
     thread_counts = [int(t) for t in args.threads.split(",") if t.strip()]
     if thread_counts:
         compare_threads(plans, thread_counts)
-
     if real is not None and not args.no_alfredtwenv:
-        from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
-
-        _, index, game_file, actions = plans[-1]
-        data_path = str(SHARED_GAME_ROOT / "json_2.1.1" / "train")
-        config = {
-            "env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6], "domain_randomization": False,
-                    "expert_type": "handcoded"},
-            "dataset": {"data_path": data_path, "eval_id_data_path": data_path, "eval_ood_data_path": data_path,
-                        "num_train_games": -1, "num_eval_games": -1},
-            "logic": {"domain": "", "grammar": ""},
-            "general": {"training_method": "dqn"},
-            "rl": {"training": {"max_nb_steps_per_episode": 100}},
-        }
-        tw_env = AlfredTWEnv(config, train_eval="train").init_env(batch_size=1)
-        resets, steps = [], []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            tw_env.reset()
-            resets.append(time.perf_counter() - t0)
-            for command in actions:
-                t0 = time.perf_counter()
-                tw_env.step([command])
-                steps.append(time.perf_counter() - t0)
-        tw_env.close()
-        ours_real_steps = []
-        real.reset(seed=index)
-        for command in actions:
-            t0 = time.perf_counter()
-            real.step(command)
-            ours_real_steps.append(time.perf_counter() - t0)
-        print()
-        print("alfworld AlfredTWEnv (gym, batch 1, worker process) on the real game, same commands:")
-        print(f"reset                  {summary(resets)}")
-        print(f"step                   {summary(steps)}")
-        print(f"ours on that game: step {summary(ours_real_steps)}")
-        print(f"ratio ours/AlfredTWEnv: step {statistics.fmean(ours_real_steps) / statistics.fmean(steps):.4f}")
+        compare_alfredtwenv(real, plans[-1])
     return 1 if mismatches else 0
 
 

@@ -1,9 +1,9 @@
 """Does per-turn credit land on the turns that mattered? Every method's credit against the env's oracle.
 
-    .venv/bin/python benchmarks/credit_quality.py                          # the tiny Qwen3, warm-started (ALFWorld)
-    .venv/bin/python benchmarks/credit_quality.py --warm-start plain
-    .venv/bin/python benchmarks/credit_quality.py --model smollm2-135m     # the real model, no warm start
-    .venv/bin/python benchmarks/credit_quality.py --model smollm2-135m --family all --quick
+    .venv/bin/python -m benchmarks.credit_quality                          # the tiny Qwen3, warm-started (ALFWorld)
+    .venv/bin/python -m benchmarks.credit_quality --warm-start plain
+    .venv/bin/python -m benchmarks.credit_quality --model smollm2-135m     # the real model, no warm start
+    .venv/bin/python -m benchmarks.credit_quality --model smollm2-135m --family all --quick
 
 1. The model, student and live teacher at once. `--model tiny` (the default): a tiny Qwen3 warm-started
    on ALFWorld Pick (cached under OUT/warmstart-<kind>-<N>games): fine-tuned on the expert with random
@@ -72,10 +72,9 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from trainer.credit_auc import (  # noqa: E402 (after the path)
+from benchmarks.common import git_commit
+from trainer.recipes import PICK_ENV, PICK_TINY, TINY_QWEN3
+from trainer.credit_auc import (
     EpisodeItems,
     beyond_auc,
     interval,
@@ -103,7 +102,7 @@ class FamilySpec:
 
 FAMILIES: dict[str, FamilySpec] = {
     "alfworld": FamilySpec(
-        "alfworld", "agentgym/ALFWorld-Pick-v0",
+        "alfworld", PICK_ENV,
         {"room": "small", "split": "train", "panel_own_types": True, "progress": False},  # + panel_size (--train-games)
         max_turns=8, detour=0.5, note_types=("pick", "look", "clean", "heat", "cool", "pick_two"),
     ),
@@ -140,8 +139,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--literate-share", type=float, default=0.5)
     ap.add_argument("--sft-episodes", type=int, default=400)
     ap.add_argument("--sft-epochs", type=int, default=5)
-    ap.add_argument("--tiny-hidden", type=int, default=128)
-    ap.add_argument("--tiny-layers", type=int, default=2)
+    ap.add_argument("--tiny-hidden", type=int, default=TINY_QWEN3["tiny_hidden"])
+    ap.add_argument("--tiny-layers", type=int, default=TINY_QWEN3["tiny_layers"])
     ap.add_argument("--train-games", type=int, default=1000,
                     help="ALFWorld: a panel of that many Pick training games, the scored episodes' games (and the tiny "
                     "model's warm start's: benchmarks/warm_start.py: a tiny model memorises 200 games, not 1,000)")
@@ -394,14 +393,15 @@ def load_model(args, out: Path, progress: bool):
     warm = out / f"warmstart-{args.warm_start}-{args.train_games}games"
     if not (warm / "model" / "config.json").exists():
         spec = FAMILIES["alfworld"]
-        env_options = {**spec.options, "max_turns": 12,
+        env_options = {**spec.options, "max_turns": PICK_TINY.max_turns,
                        "panel_size": {"train": args.train_games, "valid_seen": 0, "valid_unseen": 0}}
         literate = {"sft_privileged": args.literate_share} if args.warm_start == "literate" else {}
+        # the tiny recipe's warm start (trainer/recipes.py), on this benchmark's games, episodes and epochs
+        model = {**TINY_QWEN3, "tiny_hidden": args.tiny_hidden, "tiny_layers": args.tiny_layers}
         config = TrainConfig(
-            env_id=spec.env, out=str(warm), method="grpo", model="tiny", tokenizer="trained", vocab_size=1024,
-            tiny_hidden=args.tiny_hidden, tiny_layers=args.tiny_layers, env_options=env_options,
-            sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_noise=0.25, sft_lr=3e-3, steps=0,
-            save_every=0, eval_episodes=0, seed=args.seed, device="cpu", **literate,
+            env_id=spec.env, out=str(warm), method="grpo", env_options=env_options, sft_episodes=args.sft_episodes,
+            sft_epochs=args.sft_epochs, sft_noise=PICK_TINY.sft_noise, sft_lr=PICK_TINY.sft_lr, steps=0,
+            save_every=0, eval_episodes=0, seed=args.seed, device="cpu", **model, **literate,
         )
         LocalTrainer(config, progress=progress).run()
     model, tokenizer = load_policy(str(warm / "model"), device="cpu")
@@ -447,32 +447,51 @@ def play_episodes(settings: dict, model, tokenizer, progress: bool) -> list:
     return [e for e in episodes if e.error is None]
 
 
-def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model_folder: Path, out: Path,
-               progress: bool) -> dict[str, Any]:
-    import torch
-    from tqdm.auto import tqdm
+LIVE = {"teacher_mode": "live", "decay_steps": 0}  # every context's credit: a live teacher, no lambda decay
 
-    from agentgym_opsd.episode import load_episodes, save_episodes
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text
-    from trainer.credit import compute_advantages
-    from trainer.env_knowledge import credit_config
-    from trainer.rows import build_rows
-    from trainer.forward import row_logprobs
-    from trainer.teacher import score_teacher
 
-    started = time.perf_counter()
-    from run_info import git_commit
+@dataclasses.dataclass
+class FamilyScores:
+    """One family's episodes, their token rows and every log-prob pass (steps 1-3 of the module docstring).
 
-    load_before, commit = os.getloadavg(), git_commit()
+    clean: rows scoring whole responses; action_rows: rows scoring the family's span (`action_mode`,
+    the same tokens). passes: name -> the cached pass (`student`, then each teacher context; with
+    `-<action_mode>` where the action span has passes of its own). same_start: the action span's
+    hindsight log-probs are read from the whole response's passes. note_sources: where each placebo
+    note comes from."""
+
+    episodes: list
+    clean: Any
+    action_rows: Any
+    action_mode: str
+    passes: dict[str, dict]
+    same_start: bool
+    note_sources: dict[str, dict]
+
+    def teacher(self, context: str, rows) -> dict:
+        """The pass of teacher context `context` scored over `rows`' spans."""
+        if rows is self.clean or self.same_start:
+            return self.passes[context]
+        return self.passes[f"{context}-{self.action_mode}"]
+
+
+def family_cache(args, spec: FamilySpec, model_label: str, model_folder: Path, out: Path) -> tuple[dict, Path]:
+    """(the family's settings, the cache folder of this model and those settings)."""
+    from agentgym_opsd.io import atomic_write_json
+
     settings = family_settings(args, spec)
     key = {"model": model_fingerprint(model_folder), **settings}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     cache = out / "cache" / f"{model_label}-{spec.name}-{digest}"
     cache.mkdir(parents=True, exist_ok=True)
     atomic_write_json(cache / "settings.json", key)
-    log = (lambda msg: tqdm.write(f"[{spec.name}] {msg}")) if progress else (lambda msg: None)
+    return settings, cache
 
-    # 1. episodes (cached)
+
+def family_episodes(spec: FamilySpec, settings: dict, cache: Path, model, tokenizer, log, progress: bool) -> list:
+    """1. The family's episodes, played once and cached."""
+    from agentgym_opsd.episode import load_episodes, save_episodes
+
     episodes_file = cache / "episodes.jsonl"
     if episodes_file.is_file():
         episodes = load_episodes(episodes_file)
@@ -482,14 +501,41 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
         save_episodes(episodes_file, episodes)
     if not episodes:
         raise SystemExit(f"credit_quality.py: error: every {spec.env} episode failed; see the log above")
-    success = np.array([e.success for e in episodes])
-    labels = {e.episode_id: e.hindsight.details["turn_labels"] for e in episodes}
-    progress_share = float(np.mean([lab["progress"] for ls in labels.values() for lab in ls]))
-    turns = sum(e.num_turns for e in episodes)
+    return episodes
 
-    # 2. rows: the family's span (StepOPSD, GRPO, GiGPO) and the whole response (AgentOPSD, RLSD)
-    family_config = credit_config(spec.env, "stepopsd")
-    action_mode = family_config.span_mode
+
+def teacher_contexts(spec: FamilySpec, episodes: list, cache: Path) -> tuple[dict, dict]:
+    """Each privileged context's (episodes, credit config), and where the placebo notes come from."""
+    from trainer.env_knowledge import credit_config
+
+    contexts = {
+        "full": (episodes, credit_config(spec.env, "stepopsd", span_mode="clean_step", **LIVE)),
+        "outcome": (episodes, credit_config(spec.env, "stepopsd", span_mode="clean_step", hindsight_reference=False,
+                                            hindsight_peer=False, **LIVE)),
+        "placebo": (placebo_episodes(episodes), credit_config(spec.env, "stepopsd", span_mode="clean_step", **LIVE)),
+    }
+    types = [e.task_type for e in episodes]
+    note_sources = {"family note": write_placebo_notes(cache / "placebo-notes", spec, types),
+                    "whole note": write_placebo_notes(cache / "placebo-notes-all", spec, types, general=True)}
+    contexts["skills"] = (episodes, credit_config(spec.env, "agentopsd", **LIVE))
+    for name, folder in (("skills-placebo", "placebo-notes"), ("skills-placebo-all", "placebo-notes-all")):
+        contexts[name] = (episodes, credit_config(spec.env, "agentopsd", skills_dir=str(cache / folder), **LIVE))
+    return contexts, note_sources
+
+
+def score_family(args, spec: FamilySpec, episodes: list, model, tokenizer, cache: Path, log, commit: str,
+                 progress: bool) -> FamilyScores:
+    """2. The rows (the family's span for StepOPSD, GRPO, GiGPO; the whole response for AgentOPSD,
+    RLSD), and 3. the student's and every teacher context's log-probs, each once (cached)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from trainer.env_knowledge import credit_config
+    from trainer.forward import row_logprobs
+    from trainer.rows import build_rows
+    from trainer.teacher import score_teacher
+
+    action_mode = credit_config(spec.env, "stepopsd").span_mode
     rows_for = {"clean_step": build_rows(episodes, tokenizer, span_mode="clean_step")}
     if action_mode != "clean_step":
         rows_for[action_mode] = build_rows(episodes, tokenizer, span_mode=action_mode)
@@ -497,26 +543,12 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
             raise RuntimeError("rows of the two span modes hold different tokens")
     clean = rows_for["clean_step"]
     action_rows = rows_for[action_mode]
-
-    # 3. log-probs, each once (cached)
-    passes: dict[str, dict] = {}
-    common = {"teacher_mode": "live", "decay_steps": 0}
-    contexts = {
-        "full": (episodes, credit_config(spec.env, "stepopsd", span_mode="clean_step", **common)),
-        "outcome": (episodes, credit_config(spec.env, "stepopsd", span_mode="clean_step", hindsight_reference=False,
-                                            hindsight_peer=False, **common)),
-        "placebo": (placebo_episodes(episodes), credit_config(spec.env, "stepopsd", span_mode="clean_step", **common)),
-    }
-    types = [e.task_type for e in episodes]
-    note_sources = {"family note": write_placebo_notes(cache / "placebo-notes", spec, types),
-                    "whole note": write_placebo_notes(cache / "placebo-notes-all", spec, types, general=True)}
-    contexts["skills"] = (episodes, credit_config(spec.env, "agentopsd", **common))
-    for name, folder in (("skills-placebo", "placebo-notes"), ("skills-placebo-all", "placebo-notes-all")):
-        contexts[name] = (episodes, credit_config(spec.env, "agentopsd", skills_dir=str(cache / folder), **common))
+    contexts, note_sources = teacher_contexts(spec, episodes, cache)
     # The action span's hindsight context is the whole response's when every action starts its response.
     same_start = action_mode == "clean_step" or spans_start_together(action_rows, clean)
     steps = ["student", *contexts] + ([] if same_start else [f"{c}-{action_mode}" for c in HINDSIGHT_CONTEXTS])
     digest_clean = rows_digest(clean)
+    passes: dict[str, dict] = {}
     bar = tqdm(steps, desc=f"{spec.name} log-probs", unit="pass", disable=not progress)
     for name in bar:
         bar.set_postfix_str(name)
@@ -540,20 +572,27 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
         passes[name] = cached_scores(cache / f"teacher-{name}.pt", context_digest(eps, config, rows_digest(rows)),
                                      score, log, commit)
     bar.close()
-    student = passes["student"]["logprobs"]
+    return FamilyScores(episodes, clean, action_rows, action_mode, passes, same_start, note_sources)
 
-    def teacher_for(context: str, rows) -> dict:
-        if rows is clean or same_start:
-            return passes[context]
-        return passes[f"{context}-{action_mode}"]
 
-    # 4. every method's credit
+def credit_items(spec: FamilySpec, scores: FamilyScores, tokenizer, progress: bool) -> dict[str, EpisodeItems]:
+    """4. Every method's credit from the passes (`compute_advantages(..., return_parts=True)`), as the
+    per-episode items the AUCs read."""
+    from tqdm.auto import tqdm
+
+    from trainer.credit import compute_advantages
+    from trainer.env_knowledge import credit_config
+
+    episodes, clean, action_rows = scores.episodes, scores.clean, scores.action_rows
+    student = scores.passes["student"]["logprobs"]
+    labels = {e.episode_id: e.hindsight.details["turn_labels"] for e in episodes}
+
     def credit(method: str, rows, context: str | None, **overrides):
-        config = credit_config(spec.env, method, **common, **overrides)
+        config = credit_config(spec.env, method, **LIVE, **overrides)
         if context is None:
             batch = rows.credit_batch(student)
         else:
-            t = teacher_for(context, rows)
+            t = scores.teacher(context, rows)
             batch = rows.credit_batch(student, t["logprobs"], t["scored"], t["truncated"])
         _, _, parts = compute_advantages(batch, config, 0, return_parts=True)
         return parts
@@ -576,8 +615,26 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
                                                          disable=not progress, leave=False):
         parts = credit(method, rows, context, **overrides)
         items[name] = EpisodeItems(episodes, rows, student, parts, tokenizer, labels, marks)
+    return items
 
-    # 5. AUCs: one set of task draws for every cell
+
+EVIDENCE_ROWS = {"evidence: hindsight full": "stepopsd", "evidence: hindsight outcome only": "stepopsd outcome only",
+                 "evidence: hindsight placebo": "stepopsd placebo", "evidence: skill note": "agentopsd",
+                 "evidence: placebo family note": "agentopsd placebo family note",
+                 "evidence: placebo note": "agentopsd placebo note"}
+# paired differences: does the teacher read, or does any privileged text do?
+COMPARISONS = [("stepopsd", "stepopsd placebo"), ("stepopsd", "stepopsd outcome only"),
+               ("evidence: hindsight full", "evidence: hindsight placebo"),
+               ("beyond lp_S: hindsight full", "beyond lp_S: hindsight placebo"),
+               ("agentopsd", "agentopsd placebo note"), ("agentopsd", "agentopsd placebo family note"),
+               ("evidence: skill note", "evidence: placebo note"),
+               ("beyond lp_S: skill note", "beyond lp_S: placebo note")]
+
+
+def auc_tables(args, episodes: list, items: dict[str, EpisodeItems]) -> tuple[dict, dict, dict]:
+    """5. The AUCs with one set of task draws for every cell: (results: row -> column -> interval,
+    paired differences, the evidence's slope and correlation against the student's log-prob)."""
+    success = np.array([e.success for e in episodes])
     rng = np.random.default_rng(args.seed)
     draws = resample_counts([e.group_key for e in episodes], args.bootstrap, rng)
     ones = np.ones((1, len(episodes)), dtype=np.int64)
@@ -605,15 +662,10 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
         budgeted = name.startswith("stepopsd") and name != "stepopsd-nobudget"  # judged at token level only
         add_row(name, None if budgeted else it.turn_credit,
                 it.token_credit if any(x is not None for x in it.token_credit) else None)
-    evidence_rows = {"evidence: hindsight full": "stepopsd",
-                     "evidence: hindsight outcome only": "stepopsd outcome only",
-                     "evidence: hindsight placebo": "stepopsd placebo", "evidence: skill note": "agentopsd",
-                     "evidence: placebo family note": "agentopsd placebo family note",
-                     "evidence: placebo note": "agentopsd placebo note"}
-    for row, source in evidence_rows.items():
+    for row, source in EVIDENCE_ROWS.items():
         add_row(row, items[source].evidence, items[source].token_gap)
     confidence: dict[str, dict] = {}
-    for row, source in evidence_rows.items():
+    for row, source in EVIDENCE_ROWS.items():
         label = row.removeprefix("evidence: ")
         entry, confidence[label] = {}, {}
         for side in ("success", "failure"):
@@ -632,29 +684,28 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
                     "b_high": float(np.percentile(finite, 97.5)) if len(finite) else None}
         results[f"beyond lp_S: {label}"] = entry
     add_row("student log-prob", items["stepopsd"].student, items["stepopsd"].token_student)
-
-    # paired differences: does the teacher read, or does any privileged text do?
-    comparisons = [("stepopsd", "stepopsd placebo"), ("stepopsd", "stepopsd outcome only"),
-                   ("evidence: hindsight full", "evidence: hindsight placebo"),
-                   ("beyond lp_S: hindsight full", "beyond lp_S: hindsight placebo"),
-                   ("agentopsd", "agentopsd placebo note"), ("agentopsd", "agentopsd placebo family note"),
-                   ("evidence: skill note", "evidence: placebo note"),
-                   ("beyond lp_S: skill note", "beyond lp_S: placebo note")]
     differences = {}
-    for a, b in comparisons:
+    for a, b in COMPARISONS:
         for column in COLUMNS:
             if column in raw.get(a, {}) and column in raw.get(b, {}):
                 d = raw[a][column] - raw[b][column]
                 differences[f"{a} - {b} | {column}"] = interval(d[0], d[1:], n_side[column.split("/")[1]])
+    return results, differences, confidence
 
-    wall = time.perf_counter() - started
-    load_after = os.getloadavg()
+
+def family_table(args, spec: FamilySpec, settings: dict, scores: FamilyScores, model_label: str, results: dict,
+                 differences: dict, confidence: dict) -> list[str]:
+    """The family's table: the header (env, episodes, model), one row per credit or signal, the paired
+    differences, the evidence's slope against the student's log-prob, where the placebo notes come from."""
+    episodes = scores.episodes
+    success = np.array([e.success for e in episodes])
+    progress_share = float(np.mean([lab["progress"] for e in episodes for lab in e.hindsight.details["turn_labels"]]))
     header = (
         f"{spec.env} ({', '.join(f'{k}={v}' for k, v in settings['options'].items() if k not in ('progress',))}); "
         f"{len(episodes)} episodes ({args.tasks} tasks x {args.group_size}, the expert with detours "
         f"p={settings['detour']}{', + policy rollouts' if args.policy_episodes else ''}): {100 * success.mean():.0f}% "
-        f"success, {turns} turns, {100 * progress_share:.0f}% of turns progress | model {model_label}, student "
-        "and live "
+        f"success, {sum(e.num_turns for e in episodes)} turns, {100 * progress_share:.0f}% of turns progress | model "
+        f"{model_label}, student and live "
         f"teacher | AUC [95% interval, {args.bootstrap} draws of tasks]")
     lines = [header, f"{'':<36}" + "".join(f"{c:>22}" for c in COLUMNS)]
 
@@ -675,28 +726,62 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
             f"{side} r = {v['r']:+.2f}, slope {v['b']:+.2f}"
             + (f" [{v['b_low']:+.2f}, {v['b_high']:+.2f}]" if v["b_low"] is not None else "")
             for side, v in sides.items()))
-    shared = ("the family scores whole responses" if action_mode == "clean_step"
-              else "the action span's hindsight log-probs come from the whole response's passes" if same_start
+    shared = ("the family scores whole responses" if scores.action_mode == "clean_step"
+              else "the action span's hindsight log-probs come from the whole response's passes" if scores.same_start
               else "the action span has its own hindsight passes")
     lines.append("placebo notes: " + "; ".join(f"{kind}: " + ", ".join(f"{k} <- {v}" for k, v in sources.items())
-                                              for kind, sources in note_sources.items()) + f"; {shared}")
+                                              for kind, sources in scores.note_sources.items()) + f"; {shared}")
+    return lines
+
+
+def pass_costs(passes: dict[str, dict]) -> tuple[dict, list[str]]:
+    """What each forward pass cost when it was first computed (seconds, commit, load, date, tokens), and
+    the table's lines saying so."""
     cost = {name: {"seconds": round(float(p.get("seconds", 0)), 1), "commit": p.get("commit"), "load": p.get("load"),
                    "date": p.get("date"), **({"tokens": p["stats"].get("teacher/tokens")} if "stats" in p else {})}
             for name, p in passes.items()}
-    lines.append("forwards, when first computed (s): " + ", ".join(f"{k} {v['seconds']:.0f}" for k, v in cost.items()))
+    lines = ["forwards, when first computed (s): " + ", ".join(f"{k} {v['seconds']:.0f}" for k, v in cost.items())]
     when = sorted({(v["date"], v["commit"]) for v in cost.values() if v["date"]})
     loads = [x for v in cost.values() if v["load"] for x in v["load"]]
     if when:
         lines.append(f"  computed {when[0][0]} to {when[-1][0]} at commit(s) "
                      f"{', '.join(sorted({c for _, c in when}))}, "
                      f"load {min(loads):.1f} to {max(loads):.1f} (1-min average at each pass's start and end)")
+    return cost, lines
+
+
+def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model_folder: Path, out: Path,
+               progress: bool) -> dict[str, Any]:
+    """One family, steps 1-5 of the module docstring: its report (also written as
+    OUT/credit_quality-<model>-<family>.json and .txt)."""
+    from tqdm.auto import tqdm
+
+    from agentgym_opsd.io import atomic_write_json, atomic_write_text
+
+    started = time.perf_counter()
+    load_before, commit = os.getloadavg(), git_commit()
+    settings, cache = family_cache(args, spec, model_label, model_folder, out)
+    log = (lambda msg: tqdm.write(f"[{spec.name}] {msg}")) if progress else (lambda msg: None)
+    episodes = family_episodes(spec, settings, cache, model, tokenizer, log, progress)
+    scores = score_family(args, spec, episodes, model, tokenizer, cache, log, commit, progress)
+    items = credit_items(spec, scores, tokenizer, progress)
+    results, differences, confidence = auc_tables(args, episodes, items)
+
+    lines = family_table(args, spec, settings, scores, model_label, results, differences, confidence)
+    cost, cost_lines = pass_costs(scores.passes)
+    wall = time.perf_counter() - started
+    load_after = os.getloadavg()
+    lines += cost_lines
     lines.append(f"this run: commit {commit}; load {load_before[0]:.1f} -> {load_after[0]:.1f} (1-min average); "
                  f"{wall:.0f}s; {args.threads} torch thread(s)")
     table = "\n".join(lines)
+    success = np.array([e.success for e in episodes])
+    labels = [lab["progress"] for e in episodes for lab in e.hindsight.details["turn_labels"]]
     report = {"args": {k: v for k, v in vars(args).items() if k != "families"}, "family": spec.name,
               "settings": settings, "model": model_label, "success": float(success.mean()), "episodes": len(episodes),
-              "turns": turns, "progress_share": progress_share, "results": results, "differences": differences,
-              "confidence": confidence, "placebo_notes": note_sources, "action_span_shares_passes": same_start,
+              "turns": sum(e.num_turns for e in episodes), "progress_share": float(np.mean(labels)),
+              "results": results, "differences": differences, "confidence": confidence,
+              "placebo_notes": scores.note_sources, "action_span_shares_passes": scores.same_start,
               "passes": cost, "wall_seconds": wall, "load": [load_before, load_after], "commit": commit,
               "table": table}
     if spec.name == "alfworld":

@@ -11,7 +11,7 @@ several runs after a warm-up, the methods taking turns within each round; the ta
 least disturbed by other jobs on a shared machine), the median, and the median process CPU time. Targets (issue 4):
 under 50 ms per 100k generated tokens, and no method over 20x GRPO's time.
 
-    .venv/bin/python benchmarks/credit_speed.py [--episodes 512] [--turns 20] [--tokens 128] [--repeats 7] [--threads N]
+    .venv/bin/python -m benchmarks.credit_speed [--episodes 512] [--turns 20] [--tokens 128] [--repeats 7] [--threads N]
 
 On a shared, oversubscribed machine `--threads 1` gives the steadiest figures (min ~ median, CPU ~
 wall): torch's two intra-op threads then wait on each other while other jobs hold the cores.

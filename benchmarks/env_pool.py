@@ -1,11 +1,11 @@
 """Env worker pool throughput: episodes per second in-process and with 1, 2 and 4 worker processes.
 
-Three envs: a CPU-bound one (Tally from tests/data/bench_plugin, each step computing for `--work`
-seconds: what a heavy simulator costs), ALFWorld on its embedded panel (the TextWorld PDDL engine)
+Three envs: a CPU-bound one (`benchmarks.cpu_bound_env`, each step computing for `--work` seconds:
+what a heavy simulator costs), ALFWorld on its embedded panel (the TextWorld PDDL engine)
 and WebShop on its built-in catalog (page rendering and Lucene search per step). The expert plays, so the agent
 costs next to nothing and the figures are the envs' and the pool's. Throughput should grow with workers up to the cores.
 
-    .venv/bin/python benchmarks/env_pool.py [--episodes 160] [--work 0.004] [--workers 1 2 4] [--repeat 3]
+    .venv/bin/python -m benchmarks.env_pool [--episodes 160] [--work 0.004] [--workers 1 2 4] [--repeat 3]
 
 Each row is the best of `--repeat` runs: other processes on a shared machine only ever slow a run down.
 """
@@ -13,19 +13,16 @@ Each row is the best of `--repeat` runs: other processes on a shared machine onl
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "data" / "bench_plugin"))
-
-import agentgym_opsd  # noqa: E402
-from agentgym_opsd import EpisodeRequest, run_episodes  # noqa: E402
-from agentgym_opsd.agents import ExpertAgent  # noqa: E402
-from agentgym_opsd.registry import registered_envs  # noqa: E402
-from agentgym_opsd.workers import EnvFactory  # noqa: E402
+import agentgym_opsd
+from agentgym_opsd import EpisodeRequest, run_episodes
+from agentgym_opsd.agents import ExpertAgent
+from agentgym_opsd.registry import registered_envs
+from agentgym_opsd.workers import EnvFactory
+from benchmarks.cpu_bound_env import make_cpu_bound_env
 
 
 def measure(make_env, episodes: int, workers: int) -> tuple[float, float, float, int]:
@@ -49,19 +46,17 @@ def measure(make_env, episodes: int, workers: int) -> tuple[float, float, float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=160)
-    parser.add_argument("--work", type=float, default=0.004, help="seconds of computation per Tally step")
+    parser.add_argument("--work", type=float, default=0.004, help="seconds of computation per CPU-bound step")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs per row; the best is printed (the machine is shared)")
-    parser.add_argument("--envs", default="tally,alfworld,webshop", help="which of tally, alfworld, webshop to run")
+    parser.add_argument("--envs", default="cpu,alfworld,webshop", help="which of cpu, alfworld, webshop to run")
     args = parser.parse_args()
     agentgym_opsd.load_plugins(reload=True)
     wanted = {name.strip().lower() for name in args.envs.split(",")}
     envs = {}
-    if "tally" in wanted:
-        envs["Tally (CPU-bound, %.0f ms/step)" % (1000 * args.work)] = EnvFactory(
-            "benchtest/Tally-Large-v0", {"work": args.work, "tasks": 1000}
-        )
+    if "cpu" in wanted:
+        envs["CPU-bound (%.0f ms/step)" % (1000 * args.work)] = functools.partial(make_cpu_bound_env, args.work)
     ids = {e.id for e in registered_envs()}
     if "alfworld" in wanted and "agentgym/ALFWorld-All-v0" in ids:
         panel = {"train": 8, "valid_seen": 0, "valid_unseen": 0}

@@ -1,10 +1,10 @@
 """A few RL updates of a larger randomly initialised Qwen3 on one CUDA GPU in bf16: rollout and update speed.
 
-    python benchmarks/gpu_check.py                      # hidden 1024, 8 layers, Qwen3 tokenizer (about 0.25B)
-    python benchmarks/gpu_check.py --hidden 2048 --layers 16 --steps 3
+    python -m benchmarks.gpu_check                      # hidden 1024, 8 layers, Qwen3 tokenizer (about 0.25B)
+    python -m benchmarks.gpu_check --hidden 2048 --layers 16 --steps 3
 
 It runs the local trainer (`trainer.local`) for `--steps` GRPO updates of T tasks x G episodes on
-an env (ALFWorld Pick when it is registered, else the example GuessNumber plug-in), and prints the
+an env (`--env`, default ALFWorld Pick), and prints the
 model size, rollout tokens/s (generated tokens over rollout wall time), update tokens/s (trained
 tokens over forward+backward+AdamW wall time) and peak GPU memory. Where no CUDA GPU is visible it
 exits at once with a message saying so (`--allow-cpu` runs a small model on the CPU instead, to
@@ -20,23 +20,22 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "data" / "example_plugin"))
+DEFAULT_ENV = "agentgym/ALFWorld-Pick-v0"
 
 
 def pick_env(requested: str | None) -> tuple[str, dict]:
+    """(env id, its options): `requested`, or ALFWorld Pick with its defaults; an id nobody registered exits
+    with a message."""
     import agentgym_opsd
     from agentgym_opsd.registry import registered_envs
 
-    agentgym_opsd.load_plugins(reload=True)
+    agentgym_opsd.load_plugins()
     ids = {e.id for e in registered_envs()}
-    if requested:
-        return requested, {}
-    for candidate in ("agentgym/ALFWorld-Pick-v0",):
-        if candidate in ids:
-            return candidate, {}
-    return "example/GuessNumber-v0", {"high": 100}
+    env_id = requested or DEFAULT_ENV
+    if env_id not in ids:
+        raise SystemExit(f"gpu_check: no env {env_id!r} is registered here; install the project (pip install -e .) "
+                         f"or pass --env with one of: {', '.join(sorted(ids)) or 'none'}")
+    return env_id, {}
 
 
 def main() -> int:
@@ -47,7 +46,7 @@ def main() -> int:
     ap.add_argument("--tasks-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--env", default=None, help="env id (default: ALFWorld Pick if registered, else GuessNumber)")
+    ap.add_argument("--env", default=None, help=f"a registered env id (default: {DEFAULT_ENV})")
     ap.add_argument("--tokenizer", default="auto", help="auto: ../shared/data/tokenizers/qwen3 when present")
     ap.add_argument("--allow-cpu", action="store_true", help="no GPU: run a small model on the CPU (script check)")
     ap.add_argument("--out", default=None)
@@ -83,11 +82,11 @@ def main() -> int:
     trainer.hooks["after_update"].append(lambda tr, rec: records.append(rec))
     started = time.perf_counter()
     trainer.start()
-    print(f"model: Qwen3 hidden {args.hidden}, {args.layers} layers, vocab {len(trainer.tokenizer)}: "
-          f"{parameter_count(trainer.model) / 1e6:.1f}M parameters on {device} in {dtype}; env {env_id}")
+    print(f"model: Qwen3 hidden {args.hidden}, {args.layers} layers, vocab {len(trainer.state.tokenizer)}: "
+          f"{parameter_count(trainer.state.model) / 1e6:.1f}M parameters on {device} in {dtype}; env {env_id}")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    while trainer.step < config.steps:
+    while trainer.state.step < config.steps:
         trainer.rl_step()
     wall = time.perf_counter() - started
     print(f"{'update':>6} {'episodes':>8} {'gen tokens':>10} {'rollout tok/s':>13} {'train tokens':>12} "
@@ -99,7 +98,7 @@ def main() -> int:
     later = records[1:] or records  # the first update includes CUDA warm-up
     summary = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-        "parameters_m": round(parameter_count(trainer.model) / 1e6, 1),
+        "parameters_m": round(parameter_count(trainer.state.model) / 1e6, 1),
         "rollout_tokens_per_s": round(sum(r["rollout/tokens_per_s"] for r in later) / len(later), 1),
         "update_tokens_per_s": round(sum(r["update/tokens_per_s"] for r in later) / len(later), 1),
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,

@@ -29,6 +29,6 @@ OUT="${OUT:-runs}/learning-gpu"
 # A larger budget than the CPU default (4 updates x 4 tasks x 4, 50 held-out games): every weight trained,
 # 12 updates of 8 tasks x 8 episodes, 200 held-out games; one run at a time on the one GPU. Not yet run (no GPU
 # was lent to this project's sessions), so whether it ends inside 570 s is not known.
-timeout 570 python3 benchmarks/learning.py --model "$MODEL" --device cuda --jobs 1 --train-layers 0 \
+timeout 570 python3 -m benchmarks.learning --model "$MODEL" --device cuda --jobs 1 --train-layers 0 \
     --steps 12 --tasks-per-step 8 --group-size 8 --eval-games 200 --sft-episodes 800 --sft-epochs 2 \
     --lr 5e-6 --sft-lr 5e-5 --out "$OUT" --no-progress "$@"

@@ -1,5 +1,5 @@
-"""ALFWorld held-out games a policy cannot have memorised, shared by benchmarks/learning.py and
-benchmarks/warm_start.py (a module they import, not a script).
+"""ALFWorld held-out games a policy cannot have memorised, shared by benchmarks.learning and
+benchmarks.warm_start (a module they import, not a benchmark).
 
 A held-out game whose goal text and expert plan are also a training game's is a twin: a policy can
 win it by recalling the training game. `twin_free_seeds` lists the held-out games without a twin.

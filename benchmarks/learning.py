@@ -1,19 +1,21 @@
 """Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO's?
 
-    .venv/bin/python benchmarks/learning.py                       # real model: 1 warm start, 1 seed, 4 methods (73 min)
-    .venv/bin/python benchmarks/learning.py --seeds 3             # two more seeds per method (finished runs kept)
-    .venv/bin/python benchmarks/learning.py --seeds 3 --warm-starts 2
-    .venv/bin/python benchmarks/learning.py --quick               # smoke run: 1 update, 10 games (9.6 min here)
-    .venv/bin/python benchmarks/learning.py --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
-    .venv/bin/python benchmarks/learning.py --sft-privileged 0.5 --warm-only --out runs/learning-literate
-    .venv/bin/python benchmarks/learning.py --table-only --out runs/learning-smollm2-135m  # the finished runs' table
+    .venv/bin/python -m benchmarks.learning                       # real model: 1 warm start, 1 seed, 4 methods (73 min)
+    .venv/bin/python -m benchmarks.learning --seeds 3             # two more seeds per method (finished runs kept)
+    .venv/bin/python -m benchmarks.learning --seeds 3 --warm-starts 2
+    .venv/bin/python -m benchmarks.learning --quick               # smoke run: 1 update, 10 games (9.6 min here)
+    .venv/bin/python -m benchmarks.learning --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
+    .venv/bin/python -m benchmarks.learning --sft-privileged 0.5 --warm-only --out runs/learning-literate
+    .venv/bin/python -m benchmarks.learning --table-only --out runs/learning-smollm2-135m  # the finished runs' table
 
 1. Warm starts (`--warm-starts W`, each once, cached under OUT/warm<w>): the model fine-tuned on expert
    episodes of ALFWorld Pick (small rooms) with random detours the expert recovers from (only the
-   expert's turns are imitated). For the real model (`--model smollm2-135m`, the default, or a model
-   folder): the searching expert (it looks for the object receptacle by receptacle, as a policy must),
-   1,000 training games, the top 8 layers trained, bf16 autocast where the CPU has bf16 units
-   (benchmarks/train_speed.py). Warm start w uses its own expert episodes and shuffling.
+   expert's turns are imitated), by the model kind's recipe (trainer/recipes.py: `PICK_REAL`,
+   `PICK_TINY`, their `_QUICK` forms with `--quick`; flags override it). For the real model
+   (`--model smollm2-135m`, the default, or a model folder): the searching expert (it looks for the
+   object receptacle by receptacle, as a policy must), 1,000 training games, the top 8 layers trained,
+   bf16 autocast where the CPU has bf16 units (benchmarks/train_speed.py). Warm start w uses its own
+   expert episodes and shuffling.
 2. The held-out panel: for the real model, valid_unseen games (floor plans the training never saw);
    for the tiny model, valid_seen games without a training twin (the same goal and expert plan).
    Greedy, one episode per game. Each warm start is evaluated on it once.
@@ -38,6 +40,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -48,35 +51,25 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from agentgym_opsd.summary import wilson_interval as wilson  # noqa: E402  (the repository, just put on the path)
+from agentgym_opsd.summary import wilson_interval as wilson
+from benchmarks.held_out_games import twin_free_seeds
+from trainer.recipes import (
+    PICK_ENV,
+    PICK_REAL,
+    PICK_REAL_QUICK,
+    PICK_TINY,
+    PICK_TINY_QUICK,
+    TINY_QWEN3,
+    PickRecipe,
+)
 
 DEFAULT_METHODS = ("grpo", "gigpo", "stepopsd", "agentopsd")
-
-# Per model kind: what a run of this benchmark trains and measures (command-line flags override).
-# The real model's budget: a warm start and one seed of every method took 73.4 minutes in one invocation on this
-# 2-core machine (warm start 22.6 min with its 50-game evaluation, then 4 RL runs of 21-27 min, two at a time).
-REAL = dict(
-    train_games=1000, eval_split="valid_unseen", eval_games=50, max_turns=15, expert_searches=True,
-    sft_episodes=400, sft_epochs=2, sft_lr=1e-4, sft_noise=0.25, train_layers=8, autocast="auto",
-    steps=4, tasks_per_step=4, group_size=4, lr=1e-5, lr_schedule="constant", mini_batches=2, max_new_tokens=32,
-)
-REAL_QUICK = dict(REAL, train_games=1000, eval_games=10, sft_episodes=40, sft_epochs=1, steps=1, tasks_per_step=2,
-                  group_size=4)
-TINY = dict(
-    train_games=200, eval_split="valid_seen", eval_games=300, max_turns=12, expert_searches=False,
-    sft_episodes=1500, sft_epochs=6, sft_lr=3e-3, sft_noise=0.25, train_layers=0, autocast="none",
-    steps=20, tasks_per_step=8, group_size=8, lr=1e-3, lr_schedule="linear", mini_batches=4, max_new_tokens=24,
-)
-TINY_QUICK = dict(TINY, eval_games=40, sft_episodes=200, sft_epochs=2, steps=2, tasks_per_step=4, group_size=4)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), a model folder, or tiny")
-    ap.add_argument("--env", default="agentgym/ALFWorld-Pick-v0")
+    ap.add_argument("--env", default=PICK_ENV)
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     ap.add_argument("--seeds", type=int, default=1, help="RL runs per method and warm start (seeds 0..N-1), paired")
     ap.add_argument("--warm-starts", type=int, default=1, help="independent warm starts (0..W-1), each with every run")
@@ -86,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                        ("sft-epochs", int), ("sft-lr", float), ("sft-noise", float), ("train-layers", int),
                        ("steps", int), ("tasks-per-step", int), ("group-size", int), ("lr", float),
                        ("mini-batches", int), ("max-new-tokens", int)):
-        ap.add_argument(f"--{name}", type=kind, help="default: the model kind's (see the REAL and TINY tables)")
+        ap.add_argument(f"--{name}", type=kind, help="default: the model kind's recipe (trainer/recipes.py)")
     ap.add_argument("--autocast", choices=("none", "bf16", "auto"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="cpu (default) or cuda: one GPU, the model in bf16 "
@@ -94,9 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lr-schedule", choices=("constant", "linear"))
     ap.add_argument("--sft-privileged", type=float, default=0.0, help="literate warm start: the share of episodes "
                     "also taught in the teacher's privileged contexts")
-    ap.add_argument("--tiny-hidden", type=int, default=128)
-    ap.add_argument("--tiny-layers", type=int, default=2)
-    ap.add_argument("--vocab-size", type=int, default=1024)
+    ap.add_argument("--tiny-hidden", type=int, default=TINY_QWEN3["tiny_hidden"])
+    ap.add_argument("--tiny-layers", type=int, default=TINY_QWEN3["tiny_layers"])
+    ap.add_argument("--vocab-size", type=int, default=TINY_QWEN3["vocab_size"])
     ap.add_argument("--bootstrap", type=int, default=2000)
     ap.add_argument("--credit", action="append", default=[], metavar="KEY=VALUE",
                     help="credit setting for every method")
@@ -115,8 +108,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     tiny = args.model == "tiny"
-    profile = (TINY_QUICK if args.quick else TINY) if tiny else (REAL_QUICK if args.quick else REAL)
-    for name, value in profile.items():
+    recipe = (PICK_TINY_QUICK if args.quick else PICK_TINY) if tiny else (PICK_REAL_QUICK if args.quick else PICK_REAL)
+    for name, value in recipe.fields().items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
     for name in ("train_games", "eval_games", "max_turns", "sft_episodes", "sft_epochs", "steps", "tasks_per_step",
@@ -132,6 +125,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         label = Path(args.model).name if not tiny else "tiny"
         args.out = f"runs/learning-{label}" + ("-quick" if args.quick else "")
     return args
+
+
+def recipe_of(args: argparse.Namespace) -> PickRecipe:
+    """The recipe this invocation trains: the model kind's (trainer/recipes.py) with the flags given."""
+    return PickRecipe(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PickRecipe)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,8 +249,6 @@ def held_out_panel(args, env_options: dict) -> tuple[dict, list[int], str]:
     if args.eval_split == "valid_unseen":
         return eval_options, list(range(args.eval_games)), (
             f"held-out panel: {args.eval_games} valid_unseen games (floor plans the training never saw)")
-    from held_out_games import twin_free_seeds
-
     seeds, dropped = twin_free_seeds(args.env, {**env_options, "progress": False},
                                      {**env_options, **eval_options, "progress": False}, args.eval_games)
     return eval_options, seeds, (f"held-out panel: {len(seeds)} {args.eval_split} games ({dropped} of the first "
@@ -293,65 +289,43 @@ def run_jobs(todo: dict, jobs: int, progress: bool, run=rl_run) -> dict:
     return seconds
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    import agentgym_opsd
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_jsonl
-    from agentgym_opsd.usage import parse_options
-    from trainer.credit.config import METHODS
-    from trainer.plots import plot_comparison
-
-    agentgym_opsd.load_plugins()
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        print(f"learning.py: unknown method(s) {bad}; use {', '.join(METHODS)}", file=sys.stderr)
-        return 2
-    tiny = args.model == "tiny"
-    out = Path(args.out)
-    started = time.perf_counter()
-    load_before = os.getloadavg()[0]
-    panel = {"train": args.train_games, "valid_seen": args.eval_games if args.eval_split == "valid_seen" else 0,
-             "valid_unseen": args.eval_games if args.eval_split == "valid_unseen" else 0}
-    env_options = {"room": "small", "split": "train", "max_turns": args.max_turns, "panel_size": panel,
-                   "panel_own_types": True, "expert_searches": bool(args.expert_searches), "progress": False}
-    eval_options, seeds, panel_line = held_out_panel(args, env_options)
-    print(panel_line, flush=True)
-    model_fields = (dict(model="tiny", tokenizer="trained", vocab_size=args.vocab_size, tiny_hidden=args.tiny_hidden,
-                         tiny_layers=args.tiny_layers) if tiny else dict(model=args.model))
-    common = dict(
+def shared_fields(args, env_options: dict, eval_options: dict, seeds: list[int]) -> dict:
+    """The `TrainConfig` fields every run of this invocation shares (the env, the held-out panel, the device)."""
+    return dict(
         env_id=args.env, env_options=env_options, eval_env_options=eval_options, context="full",
         eval_episodes=len(seeds), eval_seeds=seeds, eval_temperature=0.0, max_new_tokens=args.max_new_tokens,
         device=args.device, cpu_threads=1 if args.device == "cpu" else 0, train_layers=args.train_layers,
         autocast=args.autocast if args.device == "cpu" else "none",  # CUDA: the weights are bf16 already
         # The real model plays at most 16 games at once: 50 held-out games of 15 turns in one batch kept
         # 15 GB of keys and values, and two such evaluations at once met the OOM killer on 24 GB.
-        num_envs=0 if tiny else 16,
+        num_envs=0 if args.model == "tiny" else 16,
     )
 
-    # 1. the warm starts, each evaluated once on the held-out panel
-    warm_todo = {}
+
+def run_warm_starts(args, out: Path, common: dict) -> tuple[dict, dict[int, list[int]]]:
+    """Train and evaluate the warm starts not done yet; (wall seconds per job, held-out outcomes per warm start)."""
+    model_fields = ({**TINY_QWEN3, "vocab_size": args.vocab_size, "tiny_hidden": args.tiny_hidden,
+                     "tiny_layers": args.tiny_layers} if args.model == "tiny" else dict(model=args.model))
+    todo = {}
     for w in ([] if args.table_only else range(args.warm_starts)):
         warm = out / f"warm{w}"
         if not (warm / "report.json").exists():
-            warm_todo[("warm start", w)] = dict(
+            todo[("warm start", w)] = dict(
                 out=str(warm), method="grpo", steps=0, save_every=0, seed=w, sft_seed=1_000_000 + 100_000 * w,
                 sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_noise=args.sft_noise,
                 sft_lr=args.sft_lr, sft_privileged=args.sft_privileged, **model_fields, **common,
             )
-    warm_seconds = run_jobs(warm_todo, args.jobs, args.progress)
+    seconds = run_jobs(todo, args.jobs, args.progress)
     starts = {w: final_outcomes(out / f"warm{w}", 0) for w in range(args.warm_starts)
               if not args.table_only or (out / f"warm{w}" / "report.json").exists()}
-    for w, outcomes in starts.items():
-        low, high = wilson(sum(outcomes), len(outcomes))
-        print(f"warm start {w}: held-out {sum(outcomes)}/{len(outcomes)} = {100 * np.mean(outcomes):.1f}% "
-              f"[{100 * low:.1f}, {100 * high:.1f}]", flush=True)
-    if args.warm_only:
-        print(f"--warm-only: the warm start(s) are in {out}/warm*; RL runs from them with the same --out and "
-              f"without --warm-only")
-        return 0
+    return seconds, starts
 
-    # 2. the RL runs: seed 0 of every method (and warm start) first, so a stopped run has whole seeds
+
+def run_rl(args, out: Path, methods: Sequence[str], common: dict) -> dict:
+    """The RL runs not finished yet, seed 0 of every method (and warm start) first, so a stopped
+    invocation leaves whole seeds; returns wall seconds per run."""
+    from agentgym_opsd.usage import parse_options
+
     todo = {}
     credit = parse_options(args.credit)
     for seed in ([] if args.table_only else range(args.seeds)):
@@ -365,35 +339,63 @@ def main(argv=None) -> int:
                         lr_schedule=args.lr_schedule, mini_batches=args.mini_batches, eval_every=0,
                         eval_before=False, credit=credit, save_every=1, **common,
                     )
-    run_seconds = run_jobs(todo, args.jobs, args.progress)
+    return run_jobs(todo, args.jobs, args.progress)
 
-    # 3. the figures, over every warm start and seed whose runs of every method are done (all of them, after
-    # a whole invocation; with --table-only, whatever is under OUT)
-    design = finished_design(out, methods, *((None, None) if args.table_only else (args.warm_starts, args.seeds)))
-    if not design:
-        print(f"learning.py: no warm start under {out} has a finished run of every method ({', '.join(methods)}); "
-              "run it without --table-only", file=sys.stderr)
-        return 1
+
+def rl_run_dir(out: Path, warm: int, method: str, seed: int) -> Path:
+    return out / f"warm{warm}" / method / f"seed{seed}"
+
+
+def analyse(args, out: Path, methods: Sequence[str], design: dict[int, list[int]],
+            starts: dict[int, list[int]]) -> dict:
+    """The figures of the finished runs in `design`: the warm start's held-out success and, per method,
+    success after RL, its paired difference to GRPO (hierarchical bootstrap intervals, one generator
+    seeded 0 drawn in a fixed order) and its step costs and memory peak."""
+    from agentgym_opsd.io import read_jsonl
+
     rng = np.random.default_rng(0)
-
-    def run_dir(w: int, m: str, s: int) -> Path:
-        return out / f"warm{w}" / m / f"seed{s}"
 
     def last_update(path: Path) -> int:
         return int(json.loads((path / "report.json").read_text())["steps"])
 
-    finals = {m: [np.array([final_outcomes(run_dir(w, m, s), last_update(run_dir(w, m, s))) for s in seeds_of],
-                           dtype=float) for w, seeds_of in design.items()] for m in methods}
-    costs = {m: [step_costs(read_jsonl(run_dir(w, m, s) / "metrics.jsonl"))
+    finals = {m: [np.array([final_outcomes(rl_run_dir(out, w, m, s), last_update(rl_run_dir(out, w, m, s)))
+                            for s in seeds_of], dtype=float) for w, seeds_of in design.items()] for m in methods}
+    costs = {m: [step_costs(read_jsonl(rl_run_dir(out, w, m, s) / "metrics.jsonl"))
                  for w, seeds_of in design.items() for s in seeds_of] for m in methods}
     for w in design:
         starts.setdefault(w, final_outcomes(out / f"warm{w}", 0))
     start_table = [np.array([starts[w]], dtype=float) for w in design]  # per warm start: [1 "seed", games]
-    start_mean, start_low, start_high = mean_interval(start_table, args.bootstrap, rng)
-    what = "tiny Qwen3" if tiny else args.model
+    start = mean_interval(start_table, args.bootstrap, rng)
+    grpo_step = float(np.median([c["step"] for c in costs.get("grpo", []) if c])) if costs.get("grpo") else None
+    results = {}
+    for method in methods:
+        mean, low, high = mean_interval(finals[method], args.bootstrap, rng)
+        phase = {k: float(np.median([c[k] for c in costs[method] if c])) for k in ("step", "rollout", "teacher",
+                                                                                  "update")}
+        entry = {"success": mean, "interval": [low, high], "per_run": [t.mean(axis=1).tolist() for t in finals[method]],
+                 "step_seconds": phase}
+        if method != "grpo" and "grpo" in finals:
+            delta = [a - b for a, b in zip(finals[method], finals["grpo"], strict=True)]
+            d, d_low, d_high = mean_interval(delta, args.bootstrap, rng)
+            per_run = np.concatenate([t.mean(axis=1) for t in delta])
+            entry["vs_grpo"] = {"difference": d, "interval": [d_low, d_high], "per_run": per_run.tolist(),
+                                "runs_for_2_points": runs_needed(per_run, 0.02)}
+        peaks = [c for c in costs[method] if c and c.get("peak_gb") is not None]
+        top = max(peaks, key=lambda c: c["peak_gb"]) if peaks else {}
+        entry["peak_gb"], entry["peak_phase"] = top.get("peak_gb"), top.get("peak_phase")
+        results[method] = entry
+    return {"start": start, "starts": starts, "results": results, "grpo_step": grpo_step,
+            "runs": sum(len(seeds_of) for seeds_of in design.values())}
+
+
+def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figures: dict,
+                panel_line: str) -> list[str]:
+    """The table of `analyse`'s figures: the settings, the warm start, one row per method, what it means."""
+    start_mean, start_low, start_high = figures["start"]
+    what = "tiny Qwen3" if args.model == "tiny" else args.model
     trained = (f"top {args.train_layers} layers" if args.train_layers
                else "all weights") + f", autocast {args.autocast}"
-    runs = sum(len(seeds_of) for seeds_of in design.values())
+    runs = figures["runs"]
     shape = (f"{len(design)} warm start(s) x {runs // len(design)} seed(s)"
              if len({len(v) for v in design.values()}) == 1
              else f"{len(design)} warm starts x " + "+".join(str(len(v)) for v in design.values()) + " seeds")
@@ -407,32 +409,20 @@ def main(argv=None) -> int:
         f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "
         f"{'step s':>7} {'rollout':>8} {'teacher':>8} {'update':>7} {'x GRPO':>7} {'peak GB':>7} {'in':<8}",
     ]
-    grpo_step = float(np.median([c["step"] for c in costs.get("grpo", []) if c])) if costs.get("grpo") else None
-    results = {}
+    grpo_step = figures["grpo_step"]
     for method in methods:
-        mean, low, high = mean_interval(finals[method], args.bootstrap, rng)
-        phase = {k: float(np.median([c[k] for c in costs[method] if c])) for k in ("step", "rollout", "teacher",
-                                                                                  "update")}
-        entry = {"success": mean, "interval": [low, high], "per_run": [t.mean(axis=1).tolist() for t in finals[method]],
-                 "step_seconds": phase}
+        entry = figures["results"][method]
+        (low, high), phase = entry["interval"], entry["step_seconds"]
         diff = diff_ci = need = "-"
-        if method != "grpo" and "grpo" in finals:
-            delta = [a - b for a, b in zip(finals[method], finals["grpo"], strict=True)]
-            d, d_low, d_high = mean_interval(delta, args.bootstrap, rng)
-            per_run = np.concatenate([t.mean(axis=1) for t in delta])
-            needed = runs_needed(per_run, 0.02)
-            entry["vs_grpo"] = {"difference": d, "interval": [d_low, d_high], "per_run": per_run.tolist(),
-                                "runs_for_2_points": needed}
+        if "vs_grpo" in entry:
+            d, (d_low, d_high) = entry["vs_grpo"]["difference"], entry["vs_grpo"]["interval"]
+            needed = entry["vs_grpo"]["runs_for_2_points"]
             diff, diff_ci = f"{100 * d:+.1f}", f"[{100 * d_low:+.1f}, {100 * d_high:+.1f}]"
             need = str(needed) if needed is not None else "?"
         ratio = f"{phase['step'] / grpo_step:.2f}" if grpo_step else "-"
-        peaks = [c for c in costs[method] if c and c.get("peak_gb") is not None]
-        top = max(peaks, key=lambda c: c["peak_gb"]) if peaks else {}
-        entry["peak_gb"], entry["peak_phase"] = top.get("peak_gb"), top.get("peak_phase")
-        peak = f"{top['peak_gb']:.1f}" if top else "-"
-        results[method] = entry
-        lines.append(f"{method:<10} {100 * mean:>8.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} {diff:>9} "
-                     f"{diff_ci:>18} {need:>12} {phase['step']:>7.0f} {phase['rollout']:>8.0f} "
+        peak = f"{entry['peak_gb']:.1f}" if entry["peak_gb"] is not None else "-"
+        lines.append(f"{method:<10} {100 * entry['success']:>8.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} "
+                     f"{diff:>9} {diff_ci:>18} {need:>12} {phase['step']:>7.0f} {phase['rollout']:>8.0f} "
                      f"{phase['teacher']:>8.0f} "
                      f"{phase['update']:>7.0f} {ratio:>7} {peak:>7} {entry['peak_phase'] or '-':<8}")
     lines.append(
@@ -446,6 +436,55 @@ def main(argv=None) -> int:
           "reached, and in which phase of it (rollout; scoring: old log-probs and the teacher; update) "
           "('-': runs from before it was logged). Step seconds: medians per update, each run on one thread, "
           + ("as the runs ran." if args.table_only else f"{args.jobs} at a time."))
+    return lines
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import agentgym_opsd
+    from agentgym_opsd.io import atomic_write_json, atomic_write_text
+    from trainer.credit.config import METHODS
+    from trainer.plots import plot_comparison
+
+    agentgym_opsd.load_plugins()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        print(f"learning.py: unknown method(s) {bad}; use {', '.join(METHODS)}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    panel = {"train": args.train_games, "valid_seen": args.eval_games if args.eval_split == "valid_seen" else 0,
+             "valid_unseen": args.eval_games if args.eval_split == "valid_unseen" else 0}
+    env_options = recipe_of(args).env_options(panel)
+    eval_options, seeds, panel_line = held_out_panel(args, env_options)
+    print(panel_line, flush=True)
+    common = shared_fields(args, env_options, eval_options, seeds)
+
+    # 1. the warm starts, each evaluated once on the held-out panel
+    warm_seconds, starts = run_warm_starts(args, out, common)
+    for w, outcomes in starts.items():
+        low, high = wilson(sum(outcomes), len(outcomes))
+        print(f"warm start {w}: held-out {sum(outcomes)}/{len(outcomes)} = {100 * np.mean(outcomes):.1f}% "
+              f"[{100 * low:.1f}, {100 * high:.1f}]", flush=True)
+    if args.warm_only:
+        print(f"--warm-only: the warm start(s) are in {out}/warm*; RL runs from them with the same --out and "
+              f"without --warm-only")
+        return 0
+
+    # 2. the RL runs
+    run_seconds = run_rl(args, out, methods, common)
+
+    # 3. the figures, over every warm start and seed whose runs of every method are done (all of them, after
+    # a whole invocation; with --table-only, whatever is under OUT)
+    design = finished_design(out, methods, *((None, None) if args.table_only else (args.warm_starts, args.seeds)))
+    if not design:
+        print(f"learning.py: no warm start under {out} has a finished run of every method ({', '.join(methods)}); "
+              "run it without --table-only", file=sys.stderr)
+        return 1
+    figures = analyse(args, out, methods, design, starts)
+    lines = table_lines(args, methods, design, figures, panel_line)
     wall = time.perf_counter() - started
     load_after = os.getloadavg()[0]
     lines.append(f"this invocation: {wall / 60:.1f} min (warm starts {sum(warm_seconds.values()):.0f}s, "
@@ -453,14 +492,16 @@ def main(argv=None) -> int:
                  f"{load_after:.1f}")
     table = "\n".join(line.rstrip() for line in lines)
     print(table)
+    start_mean, start_low, start_high = figures["start"]
     atomic_write_text(out / "learning.txt", table + "\n")
     atomic_write_json(out / "learning.json", {
         "args": vars(args), "held_out_seeds": seeds, "design": {str(w): v for w, v in design.items()},
         "warm_start": {"success": start_mean, "interval": [start_low, start_high],
-                       "per_warm_start": [float(np.mean(starts[w])) for w in design]},
-        "results": results, "wall_seconds": wall, "load": [load_before, load_after]})
+                       "per_warm_start": [float(np.mean(figures["starts"][w])) for w in design]},
+        "results": figures["results"], "wall_seconds": wall, "load": [load_before, load_after]})
     first = next(iter(design))  # the curves of one finished run per method (warm0/seed0 may not be one)
-    plot_comparison({m: run_dir(first, m, design[first][0]) for m in methods}, out / "learning.png",
+    what = "tiny Qwen3" if args.model == "tiny" else args.model
+    plot_comparison({m: rl_run_dir(out, first, m, design[first][0]) for m in methods}, out / "learning.png",
                     title=f"held-out success, {args.env.split('/')[-1]}, {what}\n(warm start {100 * start_mean:.1f}%)")
     print(f"wrote {out / 'learning.txt'}, {out / 'learning.json'} and {out / 'learning.png'}")
     return 0

@@ -13,7 +13,7 @@
 (2) The env worker pool (`run_episodes(..., workers=N)`), episodes/s at 1, 2 and 4 workers, through
     benchmarks/env_pool.py's measurement (when agentgym_opsd.workers is present).
 
-    .venv/bin/python benchmarks/load.py [--clients 64] [--seconds 60] [--slow-clients] [--skip-pool]
+    .venv/bin/python -m benchmarks.load [--clients 64] [--seconds 60] [--slow-clients] [--skip-pool]
 
 The load driver (`run_server_load`, `SlowClients`, `rss_mb`) is also what tests/reliability uses for
 its shorter, bounded run.
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
+from benchmarks.common import REPO, SHARED_DATA, percentile
+
 TOPK = 3
 
 
@@ -50,14 +50,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank) of `values`; NaN when empty."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q / 100 * (len(ordered) - 1)))))]
 
 
 class RssSampler:
@@ -359,7 +351,7 @@ def _read_http_answer(s: socket.socket) -> bytes:
 def _nq_questions(limit: int) -> list[str]:
     from agentgym_opsd.io import read_jsonl
 
-    return [r["question"] for r, _ in zip(read_jsonl(SHARED / "qa" / "nq_open_dev_part1.jsonl"), range(limit))]
+    return [r["question"] for r, _ in zip(read_jsonl(SHARED_DATA / "qa" / "nq_open_dev_part1.jsonl"), range(limit))]
 
 
 def server_figures(args: argparse.Namespace) -> None:
@@ -367,13 +359,13 @@ def server_figures(args: argparse.Namespace) -> None:
     from retrieval_index.process import RetrievalServer
     from retrieval_index.testing import wiki_slice_records
 
-    if not (SHARED / "wiki").is_dir():
-        print(f"server load: skipped, {SHARED / 'wiki'} is absent")
+    if not (SHARED_DATA / "wiki").is_dir():
+        print(f"server load: skipped, {SHARED_DATA / 'wiki'} is absent")
         return
     with tempfile.TemporaryDirectory(prefix="agentgym-load-") as tmp:
         sizes = {name: None for name in ("hotpotqa_distractor_paragraphs.jsonl", "flashrag_wiki18_sample_1000.jsonl",
                                          "wikipedia_vital_articles_summaries_en.jsonl")}  # fmt: skip
-        records = list(wiki_slice_records(SHARED / "wiki", sizes))
+        records = list(wiki_slice_records(SHARED_DATA / "wiki", sizes))
         build_index(records, Path(tmp) / "index", progress=False)
         extra = ["--threads", str(max(32, args.clients + 8))]
         with RetrievalServer(Path(tmp) / "index", extra_args=extra) as server:
@@ -428,10 +420,9 @@ def pool_figures(args: argparse.Namespace) -> None:
         return
     import subprocess
 
-    cmd = [sys.executable, str(REPO / "benchmarks" / "env_pool.py"), "--episodes", str(args.episodes), "--workers", "1",
-           "2", "4"]
+    cmd = [sys.executable, "-m", "benchmarks.env_pool", "--episodes", str(args.episodes), "--workers", "1", "2", "4"]
     print("env pool:", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, cwd=REPO)
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """The retrieval server's load generator and the /proc figures of a server process, shared by
-benchmarks/retrieval_speed.py and benchmarks/scale.py (a module they import, not a script).
+benchmarks.retrieval_speed and benchmarks.scale (a module they import, not a benchmark).
 
 - `run_load(url, queries, clients=, per_request=, seconds=)`: concurrent keep-alive clients (threads in
   spawned processes, so the client side is not one GIL) POST top-`TOPK` requests to `/retrieve`;
@@ -19,14 +19,9 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.common import percentile
+
 TOPK = 3
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ with each question as the query, top-10:
 - the same supporting recall for the synthetic set over its own index (single-hop: the answer passage;
   two-hop: the first hop, which is all a question-as-query search can find).
 
-    .venv/bin/python benchmarks/retrieval_quality.py [--out runs/retrieval_quality]
+    .venv/bin/python -m benchmarks.retrieval_quality [--out runs/retrieval_quality]
 
 Writes results.json, a table (stdout) and recall.png (recall@k curves).
 """
@@ -26,8 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
+from benchmarks.common import SHARED_DATA, save_png
 K = 10
 QA_FILES = {
     "NQ-open dev": ("nq", "nq_open_dev_part1.jsonl"),
@@ -102,14 +101,7 @@ def plot(results: dict, path: Path) -> None:
     b.set(title="Supporting-passage recall@k", xlabel="k", ylabel="share", ylim=(0, 1))
     b.legend(fontsize=7)
     fig.tight_layout()
-    import io
-
-    from agentgym_opsd.io import atomic_write_bytes
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())  # a result file: complete or absent
+    save_png(fig, path)
 
 
 def main() -> int:
@@ -125,8 +117,8 @@ def run(work: Path) -> int:
     parser.add_argument("--out", default="runs/retrieval_quality", help="folder for results.json and recall.png")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if not (SHARED / "wiki").is_dir():
-        print(f"needs {SHARED} (the shared data folder beside the repo)", file=sys.stderr)
+    if not (SHARED_DATA / "wiki").is_dir():
+        print(f"needs {SHARED_DATA} (the shared data folder beside the repo)", file=sys.stderr)
         return 2
 
     from agentgym_opsd.io import atomic_write_json
@@ -135,7 +127,7 @@ def run(work: Path) -> int:
     from retrieval_index.lucene import BM25Searcher, build_index
     from retrieval_index.testing import wiki_slice_records
 
-    records = list(wiki_slice_records(SHARED / "wiki", {name: None for name in
+    records = list(wiki_slice_records(SHARED_DATA / "wiki", {name: None for name in
                                                         ("hotpotqa_distractor_paragraphs.jsonl",
                                                          "flashrag_wiki18_sample_1000.jsonl",
                                                          "wikipedia_vital_articles_summaries_en.jsonl")}))  # fmt: skip
@@ -145,11 +137,11 @@ def run(work: Path) -> int:
     corpus_norm = "\n".join(_padded(r["contents"]) for r in records)
 
     results: dict = {"corpus": {"passages": len(records),
-                                "files": sorted(p.name for p in (SHARED / "wiki").glob("*.jsonl"))},
+                                "files": sorted(p.name for p in (SHARED_DATA / "wiki").glob("*.jsonl"))},
                      "answer_recall": {}, "support_recall": {}}  # fmt: skip
     with BM25Searcher(work / "wiki") as searcher:
         for name, (dataset, filename) in QA_FILES.items():
-            examples = load_questions(SHARED / "qa" / filename, dataset=dataset)
+            examples = load_questions(SHARED_DATA / "qa" / filename, dataset=dataset)
             hits = searcher.batch_search([e.question for e in examples], K, threads=args.threads)
             results["answer_recall"][name] = answer_recall(examples, hits, corpus_norm)
             if examples[0].supporting:

@@ -24,7 +24,7 @@ its peak RSS. Goals: ours >= 0.5x in-process at 16 x 1, >= 0.9x at 16 x 8. Befor
 server answers all questions once at top 3 and top 10, and the answers are compared with in-process
 search (ids, order, scores). Each server warms up until the JVM's JIT compiler has settled.
 
-    .venv/bin/python benchmarks/retrieval_speed.py [--rounds 9] [--seconds 4] [--also granian] \\
+    .venv/bin/python -m benchmarks.retrieval_speed [--rounds 9] [--seconds 4] [--also granian] \\
         [--out runs/retrieval_speed]
 """
 
@@ -45,18 +45,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from retrieval_load import TOPK, peak_rss_mib, process_cpu_seconds, run_load, tree_cpu_seconds, warm_up
+from benchmarks.common import REPO, SHARED_DATA
+from benchmarks.retrieval_load import TOPK, peak_rss_mib, process_cpu_seconds, run_load, tree_cpu_seconds, warm_up
 
-REPO = Path(__file__).resolve().parents[1]
-WIKI = REPO.parent / "shared" / "data" / "wiki"
-NQ = REPO.parent / "shared" / "data" / "qa" / "nq_open_dev_part1.jsonl"
+WIKI = SHARED_DATA / "wiki"
+NQ = SHARED_DATA / "qa" / "nq_open_dev_part1.jsonl"
 LOADS = {"16 clients x 1 query": (16, 1), "16 clients x 8 queries": (16, 8), "1 client, sequential": (1, 1)}
 GOALS = {"16 clients x 1 query": 0.5, "16 clients x 8 queries": 0.9}
 IN_PROCESS_BATCH = 256
 
 
 # ------------------------------------------------------------------------------------------------
-# The other servers, each run as `python benchmarks/retrieval_speed.py --serve KIND INDEX PORT_FILE`.
+# The other servers, each run as `python -m benchmarks.retrieval_speed --serve KIND INDEX PORT_FILE`.
 
 
 def _listening_socket() -> socket.socket:
@@ -156,9 +156,8 @@ def serve_other(kind: str, index_dir: str, port_file: str) -> None:
         sock.close()
         os.environ.update(AGENTGYM_SPEED_INDEX=index_dir, AGENTGYM_SPEED_PORT_FILE=port_file,
                           AGENTGYM_SPEED_PORT=str(port))
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        Granian("retrieval_speed:granian_app", address="127.0.0.1", port=port, interface=Interfaces.WSGI, workers=1,
-                blocking_threads=32, factory=True, log_enabled=False).serve()  # fmt: skip
+        Granian("benchmarks.retrieval_speed:granian_app", address="127.0.0.1", port=port, interface=Interfaces.WSGI,
+                workers=1, blocking_threads=32, factory=True, log_enabled=False).serve()  # fmt: skip
     else:
         raise SystemExit(f"unknown server {kind!r}")
 
@@ -183,8 +182,8 @@ class OtherServer:
         self.log = work / f"{kind}.log"
         self.port_file.unlink(missing_ok=True)
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, __file__, "--serve", kind, str(index_dir),
-                                             str(self.port_file)],
+            self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.retrieval_speed", "--serve", kind,
+                                             str(index_dir), str(self.port_file)],
                                             stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                             start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + 180

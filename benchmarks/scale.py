@@ -23,10 +23,10 @@ ALFWorld (sizes: games): the embedded panel with ALFWorld's training mix at 240 
   process, the first reset of a game never translated (cold disk cache), then reset and step time
   over two passes through every game, as a training run cycles through them, with the process's RSS.
 
-    .venv/bin/python benchmarks/scale.py --quick                    # smallest sizes, a few minutes
-    nice -n 10 .venv/bin/python benchmarks/scale.py --retrieval 10000 100000 1000000 \\
+    .venv/bin/python -m benchmarks.scale --quick                    # smallest sizes, a few minutes
+    nice -n 10 .venv/bin/python -m benchmarks.scale --retrieval 10000 100000 1000000 \\
         --webshop 1000 10000 100000 --alfworld 240 888 3552         # the full run (hours here)
-    .venv/bin/python benchmarks/scale.py --report                   # table and plots from results.json
+    .venv/bin/python -m benchmarks.scale --report                   # table and plots from results.json
 
 Results go to `--out` (default runs/scale): results.json (every figure, with the load average during
 each size; a size already there is skipped unless --again, so a stopped run resumes), scale.md (the
@@ -38,7 +38,6 @@ family (cost against size, log-log). Generated corpora, catalogs, panels and ind
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -54,15 +53,12 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = Path(__file__).resolve().parent
-if str(REPO) not in sys.path:  # this checkout's packages, whatever the venv has installed
-    sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, SHARED_DATA, save_png
+from benchmarks.retrieval_load import run_load, warm_up
 
-SHARED = REPO.parent / "shared" / "data"
-WIKI = SHARED / "wiki"
-NQ = SHARED / "qa" / "nq_open_dev_part1.jsonl"
-WEBSHOP = SHARED / "webshop"
+WIKI = SHARED_DATA / "wiki"
+NQ = SHARED_DATA / "qa" / "nq_open_dev_part1.jsonl"
+WEBSHOP = SHARED_DATA / "webshop"
 
 TARGETS = {"retrieval": 21_015_324, "webshop": 1_181_436, "alfworld": 3_553}
 TARGET_NAMES = {"retrieval": "wiki-18", "webshop": "full WebShop", "alfworld": "ALFWorld train"}
@@ -497,8 +493,6 @@ def nq_questions() -> list[str]:
 
 def measure_retrieval(n: int, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Generate, index and serve `n` passages; the figures of one size."""
-    from retrieval_load import run_load, warm_up
-
     from retrieval_index.process import RetrievalServer
 
     figures: dict[str, Any] = {}
@@ -552,7 +546,7 @@ def measure_retrieval(n: int, work: Path, args: argparse.Namespace) -> dict[str,
 
 
 def measure_webshop(n: int, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Generate a catalog of `n` products and run benchmarks/webshop_speed.py on it in a fresh process."""
+    """Generate a catalog of `n` products and run benchmarks.webshop_speed on it in a fresh process."""
     figures: dict[str, Any] = {}
     model = CatalogModel()
     figures["generator"] = model.describe()
@@ -561,7 +555,7 @@ def measure_webshop(n: int, work: Path, args: argparse.Namespace) -> dict[str, A
     figures.update(model.write(folder / "data", n, seed=args.seed))
     figures["generate_s"] = round(time.perf_counter() - t0, 2)
     out = folder / "speed.json"
-    cmd = [sys.executable, str(BENCH / "webshop_speed.py"), "--catalog", str(folder / "data"), "--envs",
+    cmd = [sys.executable, "-m", "benchmarks.webshop_speed", "--catalog", str(folder / "data"), "--envs",
            str(args.webshop_envs),
            "--episodes", str(args.webshop_episodes), "--index-dir", str(folder / "index"), "--no-heap", "--json",
            str(out)]  # fmt: skip
@@ -597,7 +591,7 @@ def measure_alfworld(n: int, work: Path, args: argparse.Namespace) -> dict[str, 
     figures: dict[str, Any] = {}
     cache = work / f"alfworld-{n}"
     env = dict(os.environ, AGENTGYM_OPSD_CACHE=str(cache))
-    gen = [sys.executable, str(Path(__file__).resolve()), "--child", "alfworld-generate", str(n), "--workers",
+    gen = [sys.executable, "-m", "benchmarks.scale", "--child", "alfworld-generate", str(n), "--workers",
            str(args.alfworld_workers)]
     wall, memory = run_measured(gen, env=env, quiet=False)
     panel = next((cache / "alfworld").glob("g*-mixalfworld-*"))
@@ -615,7 +609,7 @@ def measure_alfworld(n: int, work: Path, args: argparse.Namespace) -> dict[str, 
         env["AGENTGYM_ALFWORLD_GAME_CACHE"] = str(args.alfworld_game_cache)
     figures["games_kept_in_memory"] = args.alfworld_game_cache or int(
         os.environ.get("AGENTGYM_ALFWORLD_GAME_CACHE", "512"))
-    play = [sys.executable, str(Path(__file__).resolve()), "--child", "alfworld-play", str(n), "--json", str(out),
+    play = [sys.executable, "-m", "benchmarks.scale", "--child", "alfworld-play", str(n), "--json", str(out),
             "--alfworld-steps", str(args.alfworld_steps)]  # fmt: skip
     wall, memory = run_measured(play, env=env, quiet=False)
     figures.update(json.loads(out.read_text()))
@@ -869,7 +863,6 @@ def plot_family(family: str, runs: dict[str, dict[str, Any]], fits: dict[str, An
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agentgym_opsd.io import atomic_write_bytes
 
     sizes = sorted(int(s) for s in runs)
     panels = [p for p in ("time", "memory", "latency", "throughput", "count")
@@ -905,10 +898,7 @@ def plot_family(family: str, runs: dict[str, dict[str, Any]], fits: dict[str, An
         f"{family}: cost against size (dashed: fitted model to {TARGET_NAMES[family]}, {target:,} {UNITS[family]})",
         fontsize=10)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_png(fig, path, dpi=90, metadata={"Software": None})
 
 
 def before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -1036,7 +1026,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--before {args.before}: not a results.json of this script ({e})")
     measure = {"retrieval": measure_retrieval, "webshop": measure_webshop, "alfworld": measure_alfworld}
     work = Path(args.work)
-    command = "python benchmarks/scale.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.scale " + " ".join(sys.argv[1:] if argv is None else argv)
     started = time.perf_counter()
     for family, sizes in plan.items():
         for n in sizes:

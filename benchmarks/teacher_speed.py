@@ -1,10 +1,10 @@
 """What does the teacher cost? The update step of each credit method on one batch, in one run.
 
-The batch has the learning benchmark's shapes (benchmarks/learning.py): ALFWorld Pick in small rooms,
-full-chat context, T tasks x G episodes of at most 12 turns, a tiny Qwen3 (hidden 128, 2 layers) on a
-1024-token BPE trained on the env's text. The episodes are the expert's with random detours (so
-groups mix successes and failures, and failed episodes get a peer trajectory in their hindsight
-block); the model's weights do not change what the steps cost.
+The batch has the learning benchmark's shapes (benchmarks/learning.py, the tiny recipe of
+trainer/recipes.py): ALFWorld Pick in small rooms, full-chat context, T tasks x G episodes of at most 12
+turns, a tiny Qwen3 (hidden 128, 2 layers) on a 1024-token BPE trained on the env's text. The episodes
+are the expert's with random detours (so groups mix successes and failures, and failed episodes get a
+peer trajectory in their hindsight block); the model's weights do not change what the steps cost.
 
 For each method, an update step is everything the local trainer does after the rollout: token rows,
 the old log-probs, the teacher's log-probs (StepOPSD: a stale snapshot with the hindsight block;
@@ -25,8 +25,8 @@ which the methods take turns, and the total is the sum of those minima: other jo
 change wall time, much less CPU time, and what they still add (mostly to the update step, the same
 work for every method) is not a cost of the method.
 
-    .venv/bin/python benchmarks/teacher_speed.py            # 8 x 8 episodes, 3 rounds
-    .venv/bin/python benchmarks/teacher_speed.py --quick    # 4 x 4 episodes, 2 rounds (< 4 minutes)
+    .venv/bin/python -m benchmarks.teacher_speed            # 8 x 8 episodes, 3 rounds
+    .venv/bin/python -m benchmarks.teacher_speed --quick    # 4 x 4 episodes, 2 rounds (< 4 minutes)
 
 The last line reads `stepopsd/grpo update X.XX, agentopsd/grpo update Y.YY` (the default teacher).
 """
@@ -36,30 +36,23 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import timed
+from trainer.recipes import PICK_ENV, PICK_TINY, TINY_QWEN3
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-turns", type=int, default=12)
+    ap.add_argument("--max-turns", type=int, default=PICK_TINY.max_turns)
     ap.add_argument("--noise", type=float, default=0.4, help="the expert's detour rate (mixed outcomes)")
-    ap.add_argument("--mini-batches", type=int, default=4)
+    ap.add_argument("--mini-batches", type=int, default=PICK_TINY.mini_batches)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="4 tasks x 4 episodes, 2 rounds")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
-
-
-def cpu_seconds(fn):
-    t0 = time.process_time()
-    out = fn()
-    return time.process_time() - t0, out
 
 
 def main(argv=None) -> int:
@@ -79,19 +72,18 @@ def main(argv=None) -> int:
                    "panel_size": {"train": 200, "valid_seen": 300, "valid_unseen": 10}, "progress": False}
     trainers = {}
     for method in ("grpo", "stepopsd", "agentopsd"):
-        config = TrainConfig(env_id="agentgym/ALFWorld-Pick-v0", out=str(work / method), method=method, model="tiny",
-                             tokenizer="trained", vocab_size=1024, tiny_hidden=128, tiny_layers=2,
-                             env_options=env_options,
-                             sft_episodes=64, sft_epochs=1, steps=1, mini_batches=args.mini_batches, eval_episodes=0,
-                             save_every=0, max_new_tokens=24, seed=args.seed, device="cpu", cpu_threads=1)
+        config = TrainConfig(env_id=PICK_ENV, out=str(work / method), method=method, **TINY_QWEN3,
+                             env_options=env_options, sft_episodes=64, sft_epochs=1, steps=1,
+                             mini_batches=args.mini_batches, eval_episodes=0, save_every=0,
+                             max_new_tokens=PICK_TINY.max_new_tokens, seed=args.seed, device="cpu", cpu_threads=1)
         run = LocalTrainer(config, progress=False)
         run.start()
         trainers[method] = run
     base = trainers["grpo"]
     for run in trainers.values():  # one policy for every method: same weights, same costs
-        run.model.load_state_dict(base.model.state_dict())
-        if run.teacher_model is not None:
-            run.teacher_model.load_state_dict(base.model.state_dict())
+        run.state.model.load_state_dict(base.state.model.state_dict())
+        if run.state.teacher_model is not None:
+            run.state.teacher_model.load_state_dict(base.state.model.state_dict())
     expert = PerturbedExpert(args.noise, seed=args.seed)
     requests = [EpisodeRequest(seed=1000 + t, episode_id=f"t{t}-g{i}", group=f"t{t}")
                 for t in range(args.tasks) for i in range(args.group_size)]
@@ -101,16 +93,16 @@ def main(argv=None) -> int:
 
     def update_step(method: str, teacher: str | None) -> dict[str, float]:
         run = trainers[method]
-        snapshot = {k: v.clone() for k, v in run.model.state_dict().items()}
+        snapshot = {k: v.clone() for k, v in run.state.model.state_dict().items()}
         times: dict[str, float] = {}
-        times["rows"], rows = cpu_seconds(lambda: run.rows(episodes))
-        times["old_logprobs"], old = cpu_seconds(lambda: run.logprobs(run.model, rows))
+        times["rows"], _, rows = timed(lambda: run.rows(episodes))
+        times["old_logprobs"], _, old = timed(lambda: run.logprobs(run.state.model, rows))
         scores = None
         if teacher is not None:
-            times["teacher"], scores = cpu_seconds(lambda: run.teacher_scores(episodes, rows, strategy=teacher))
-        times["credit"], (advantages, _, _) = cpu_seconds(lambda: run.advantages(episodes, rows, old, scores))
-        times["update"], _ = cpu_seconds(lambda: run.update(rows, old, advantages, None))
-        run.model.load_state_dict(snapshot)  # every round starts from the same weights
+            times["teacher"], _, scores = timed(lambda: run.teacher_scores(episodes, rows, strategy=teacher))
+        times["credit"], _, (advantages, _, _) = timed(lambda: run.advantages(episodes, rows, old, scores))
+        times["update"], _, _ = timed(lambda: run.update(rows, old, advantages, None))
+        run.state.model.load_state_dict(snapshot)  # every round starts from the same weights
         times["total"] = sum(times.values())
         return times
 

@@ -1,8 +1,8 @@
 """Which weights to train, in which precision: tokens/s of an SFT pass and of an RL update, and quality at equal budget.
 
-    .venv/bin/python benchmarks/train_speed.py --quick    # 4 episodes, 2 rounds, 24 + 8 quality episodes (~30 min here)
-    .venv/bin/python benchmarks/train_speed.py            # 12 episodes, 2 rounds, 120 + 40 quality episodes
-    .venv/bin/python benchmarks/train_speed.py --rates 2  # also a third of each choice's learning rate
+    .venv/bin/python -m benchmarks.train_speed --quick    # 4 episodes, 2 rounds, 24 + 8 quality episodes (~30 min here)
+    .venv/bin/python -m benchmarks.train_speed            # 12 episodes, 2 rounds, 120 + 40 quality episodes
+    .venv/bin/python -m benchmarks.train_speed --rates 2  # also a third of each choice's learning rate
 
 Model: `--model` (default `smollm2-135m`, SmolLM2-135M-Instruct, 30 layers) in float32 weights, on the CPU,
 torch on one thread (`torch.set_num_threads(1)`; a second thread beside another job's is many times
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import math
 import os
 import statistics
@@ -55,14 +54,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import git_commit, load_average, save_png, timed
+from trainer.recipes import PICK_ENV as ENV
+from trainer.recipes import SFT_NOISE as NOISE
 
-from run_info import git_commit  # noqa: E402  (benchmarks/, the script's own folder)
-
-ENV = "agentgym/ALFWorld-Pick-v0"
 GROUP = 4  # episodes per game in the speed rows
-NOISE = 0.25
 # name -> select_trainable keywords
 CHOICES: dict[str, dict[str, int]] = {
     "full": {},
@@ -209,10 +205,6 @@ def cpu_flags() -> list[str]:
     return []
 
 
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 # ---------------------------------------------------------------------------------------------
 # The work measured
 
@@ -239,16 +231,16 @@ class Bench:
         self.torch = torch
 
     def fresh(self, choice: str):
-        """A copy of the model with only `choice`'s weights trainable, and its optimizer (the trainer's AdamW)."""
+        """A copy of the model with only `choice`'s weights trainable, and its optimizer (the trainer's,
+        `trainer.optim`, at the choice's rate)."""
+        from trainer.optim import make_optimizer
         from trainer.trainable import select_trainable
 
         model = copy.deepcopy(self.base)
         model.requires_grad_(True)
         model = select_trainable(model, **CHOICES[choice])
         model.train()
-        optimizer = self.torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=RATES[choice],
-                                           weight_decay=self.config.weight_decay, betas=(0.9, 0.99))
-        return model, optimizer
+        return model, make_optimizer(model, lr=RATES[choice], weight_decay=self.config.weight_decay)
 
     def rows(self, episodes, context: str | None = None):
         from trainer.rows import build_rows
@@ -282,12 +274,14 @@ class Bench:
         from trainer.credit import compute_advantages
         from trainer.forward import row_logprobs
         from trainer.loss import ppo_update
+        from trainer.optim import set_learning_rate
         from trainer.policy import autocast_context
 
+        set_learning_rate(optimizer, lr)
         with autocast_context(AUTOCAST[precision], "cpu"):
             old = row_logprobs(model, rows, micro_batch_tokens=self.args.batch_tokens)
             advantages, _ = compute_advantages(rows.credit_batch(student_logprobs=old), self.credit, 0)
-            return ppo_update(model, optimizer, rows, old, advantages, None, config=self.config, lr=lr, step=0,
+            return ppo_update(model, optimizer, rows, old, advantages, None, config=self.config, step=0,
                               temperature=1.0)
 
     def forward(self, model, rows, precision: str, how: str) -> float:
@@ -358,14 +352,6 @@ class Bench:
                 "token_accuracy": hits / max(1.0, float(count.sum()))}
 
 
-def timed(fn):
-    """(CPU seconds, wall seconds, result) of fn()."""
-    gc.collect()
-    c0, w0 = time.process_time(), time.perf_counter()
-    out = fn()
-    return time.process_time() - c0, time.perf_counter() - w0, out
-
-
 def play(env_options: dict, split: str, requests, *, seed: int, progress):
     """The searching expert with detours on `requests`; (episodes, the expert)."""
     import agentgym_opsd
@@ -383,65 +369,41 @@ def play(env_options: dict, split: str, requests, *, seed: int, progress):
 # The run
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    import torch
+class Measurements:
+    """The measurements taken so far, kept in OUT/partial.json after each one (with the arguments they
+    were taken with), so that `--resume` with the same arguments redoes none of them."""
 
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import agentgym_opsd
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_json_file
+    def __init__(self, args, out: Path, say) -> None:
+        from agentgym_opsd.io import read_json_file
+
+        self.path = out / "partial.json"
+        self.key_args = {k: v for k, v in vars(args).items() if k not in ("resume", "progress", "out")}
+        self.done: dict = {}
+        if args.resume and self.path.exists():
+            saved = read_json_file(self.path)
+            if saved.get("args") == self.key_args:
+                self.done = saved.get("done", {})
+                say(f"resuming: {len(self.done)} measurements from {self.path}")
+            else:
+                say(f"{self.path} is from a run with other arguments; starting over")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.done
+
+    def __getitem__(self, key: str):
+        return self.done[key]
+
+    def keep(self, key: str, value) -> None:
+        from agentgym_opsd.io import atomic_write_json
+
+        self.done[key] = value
+        atomic_write_json(self.path, {"args": self.key_args, "done": self.done})
+
+
+def speed_rows(args, bench: Bench, env_options: dict, progress, say) -> dict:
+    """1. The rows: expert episodes with detours in groups of `GROUP` per game, full chat and window:2."""
     from agentgym_opsd.rollout import EpisodeRequest
-    from tqdm.auto import tqdm
-    from trainer.policy import cpu_has_fast_bf16
 
-    agentgym_opsd.load_plugins()
-    started = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    lines: list[str] = []
-
-    def say(text: str = "") -> None:
-        print(text, flush=True)
-        lines.append(text)
-
-    flags = cpu_flags()
-    fast_bf16 = cpu_has_fast_bf16()
-    if args.precisions == "auto":
-        precisions = ["fp32", "bf16"] if fast_bf16 else ["fp32"]
-    else:
-        precisions = args.precisions.split(",")
-    load_before = load_average()
-    say(f"train_speed at {git_commit()}: model {args.model}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread "
-        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}), load average before {load_before}")
-    say(f"CPU flags: {' '.join(flags) or 'none found'}; native bf16 (amx_bf16 or avx512_bf16): {fast_bf16}; "
-        f"precisions measured: {', '.join(precisions)}")
-    if "bf16" in precisions and not fast_bf16:
-        say("  (bf16 asked for on a CPU without bf16 units: emulated, expect it slower)")
-
-    key_args = {k: v for k, v in vars(args).items() if k not in ("resume", "progress", "out")}
-    partial_path = out / "partial.json"
-    done: dict = {}
-    if args.resume and partial_path.exists():
-        saved = read_json_file(partial_path)
-        if saved.get("args") == key_args:
-            done = saved.get("done", {})
-            say(f"resuming: {len(done)} measurements from {partial_path}")
-        else:
-            say(f"{partial_path} is from a run with other arguments; starting over")
-
-    def keep(key: str, value) -> None:
-        done[key] = value
-        atomic_write_json(partial_path, {"args": key_args, "done": done})
-
-    env_options = {"room": "small", "max_turns": 15, "panel_own_types": True, "expert_searches": True,
-                   "panel_size": {"train": 200, "valid_seen": args.held_out + args.val_episodes, "valid_unseen": 1},
-                   "progress": False}
-    bench = Bench(args)
-    progress = "expert episodes" if args.progress else False
-
-    # 1. The rows
     tasks = math.ceil(args.episodes / GROUP)
     requests = [EpisodeRequest(seed=150 + t, episode_id=f"speed-t{t}-g{g}", group=f"t{t}")
                 for t in range(tasks) for g in range(GROUP)][: args.episodes]
@@ -450,24 +412,23 @@ def main(argv=None) -> int:
     examples, target = bench.examples(rows, episodes, expert.detours)
     window_rows = bench.rows(episodes, context="window:2")
     window_examples, _ = bench.examples(window_rows, episodes, expert.detours)
-    tokens, window_tokens = rows.num_tokens, window_rows.num_tokens
     say(f"rows: {len(episodes)} episodes ({tasks} games, up to {GROUP} each, "
         f"{sum(e.success for e in episodes)} successes, "
         f"{sum(e.num_turns for e in episodes)} turns, {len(expert.detours)} detours), full chat: {rows.num_rows} rows, "
-        f"{tokens} tokens, {int(rows.generated_mask().sum())} generated, {int(target.sum())} SFT targets (the expert's "
-        f"own turns); window:2: {window_rows.num_rows} rows, {window_tokens} tokens")
+        f"{rows.num_tokens} tokens, {int(rows.generated_mask().sum())} generated, {int(target.sum())} SFT targets (the "
+        f"expert's own turns); window:2: {window_rows.num_rows} rows, {window_rows.num_tokens} tokens")
+    return {"episodes": episodes, "rows": rows, "examples": examples, "target": target, "window_rows": window_rows,
+            "window_examples": window_examples}
 
-    trained = {}
-    for choice in args.choices:  # what each choice trains
-        model, _ = bench.fresh(choice)
-        trained[choice] = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        del model
 
-    # 2. Speed: every choice x precision, interleaved rounds
+def measure_speed(args, bench: Bench, data: dict, precisions: list[str], done: Measurements) -> dict:
+    """2. Every choice x precision: one SFT pass and one RL update each, in interleaved rounds (the
+    order reversed every other round), each from a fresh copy. Returns case -> its rounds' times."""
+    from tqdm.auto import tqdm
+
     cases = [(c, p) for p in precisions for c in args.choices]
     samples: dict[str, list[dict]] = {}
-    total = args.rounds * len(cases) * 2
-    bar = tqdm(total=total, desc="speed", unit="pass", disable=not args.progress)
+    bar = tqdm(total=args.rounds * len(cases) * 2, desc="speed", unit="pass", disable=not args.progress)
     for rnd in range(args.rounds):
         order = cases if rnd % 2 == 0 else cases[::-1]
         for choice, precision in order:
@@ -477,121 +438,131 @@ def main(argv=None) -> int:
                 if key not in done:
                     model, optimizer = bench.fresh(choice)
                     if what == "sft":
-                        cpu, wall, _ = timed(lambda: bench.sft_pass(model, optimizer, examples, precision))
+                        cpu, wall, _ = timed(lambda: bench.sft_pass(model, optimizer, data["examples"], precision))
                     else:
-                        cpu, wall, _ = timed(lambda: bench.rl_update(model, optimizer, rows, precision, RATES[choice]))
+                        cpu, wall, _ = timed(lambda: bench.rl_update(model, optimizer, data["rows"], precision,
+                                                                     RATES[choice]))
                     del model, optimizer
-                    keep(key, {"cpu_s": cpu, "wall_s": wall, "load": load_average()})
+                    done.keep(key, {"cpu_s": cpu, "wall_s": wall, "load": load_average()})
                 samples.setdefault(f"{choice}/{precision}/{what}", []).append(done[key])
                 bar.update(1)
     bar.close()
-    summary = {case: summarize_times(s, tokens) for case, s in samples.items()}
-    per_choice = {(c, p): summary[f"{c}/{p}/sft"]["cpu_s_min"] + summary[f"{c}/{p}/rl"]["cpu_s_min"] for c, p in cases}
-    fastest, fastest_precision = min(per_choice, key=per_choice.get)
+    return samples
 
-    # ... and for the fastest choice: the shared start, window rows, logits everywhere
-    extra_cases = ["sft/prefix", "sft/no-prefix", "sft/window", "rl/full-chat", "rl/window",
-                   "forward/everywhere", "forward/read", "forward/read+prefix"]
-    extra_samples: dict[str, list[dict]] = {}
+
+VARIANTS = ["sft/prefix", "sft/no-prefix", "sft/window", "rl/full-chat", "rl/window", "forward/everywhere",
+            "forward/read", "forward/read+prefix"]
+
+
+def measure_variants(args, bench: Bench, data: dict, fastest: str, precision: str,
+                     done: Measurements) -> tuple[dict, dict]:
+    """The fastest choice's variants side by side in rounds of their own: the shared start, window:2
+    rows, logits everywhere. Returns (case -> its rounds' times, forward variant -> log-prob sum)."""
+    from tqdm.auto import tqdm
+
+    samples: dict[str, list[dict]] = {}
     checks: dict[str, float] = {}
-    bar = tqdm(total=args.rounds * len(extra_cases), desc=f"{fastest} {fastest_precision} variants", unit="pass",
+    bar = tqdm(total=args.rounds * len(VARIANTS), desc=f"{fastest} {precision} variants", unit="pass",
                disable=not args.progress)
     for rnd in range(args.rounds):
-        for case in extra_cases if rnd % 2 == 0 else extra_cases[::-1]:
-            key = f"extra/{rnd}/{fastest}/{fastest_precision}/{case}"
+        for case in VARIANTS if rnd % 2 == 0 else VARIANTS[::-1]:
+            key = f"extra/{rnd}/{fastest}/{precision}/{case}"
             bar.set_postfix_str(case)
             if key not in done:
                 model, optimizer = bench.fresh(fastest)
                 kind, variant = case.split("/")
                 if kind == "sft":
-                    chosen = window_examples if variant == "window" else examples
-                    fn = lambda: bench.sft_pass(model, optimizer, chosen, fastest_precision,  # noqa: E731
+                    chosen = data["window_examples"] if variant == "window" else data["examples"]
+                    fn = lambda: bench.sft_pass(model, optimizer, chosen, precision,  # noqa: E731
                                                 share_prefix=variant != "no-prefix")
                 elif kind == "rl":
-                    chosen_rows = window_rows if variant == "window" else rows
-                    fn = lambda: bench.rl_update(model, optimizer, chosen_rows, fastest_precision,  # noqa: E731
+                    chosen_rows = data["window_rows"] if variant == "window" else data["rows"]
+                    fn = lambda: bench.rl_update(model, optimizer, chosen_rows, precision,  # noqa: E731
                                                  RATES[fastest])
                 else:
                     model.eval()
-                    fn = lambda: bench.forward(model, rows, fastest_precision, variant)  # noqa: E731
+                    fn = lambda: bench.forward(model, data["rows"], precision, variant)  # noqa: E731
                 cpu, wall, result = timed(fn)
                 del model, optimizer
                 record = {"cpu_s": cpu, "wall_s": wall, "load": load_average()}
                 if kind == "forward":
                     record["logprob_sum"] = result
-                keep(key, record)
-            extra_samples.setdefault(case, []).append(done[key])
+                done.keep(key, record)
+            samples.setdefault(case, []).append(done[key])
             if "logprob_sum" in done[key]:
                 checks[case] = done[key]["logprob_sum"]
             bar.update(1)
     bar.close()
-    extra_summary = {case: summarize_times(s, window_tokens if case.endswith("window") else tokens)
-                     for case, s in extra_samples.items()}
+    return samples, checks
 
-    # 3. Quality at equal budget
-    quality: dict = {}
-    quality_precision = None
-    if args.quality:
-        bf16_time = sum(v for (c, p), v in per_choice.items() if p == "bf16")
-        fp32_time = sum(v for (c, p), v in per_choice.items() if p == "fp32")
-        bf16_faster = "bf16" in precisions and (fp32_time == 0 or bf16_time < fp32_time)
-        quality_precision = "bf16" if bf16_faster else precisions[0]
-        train_requests = [EpisodeRequest(seed=i, episode_id=f"quality-{i}") for i in range(args.quality_episodes)]
-        held_requests = [EpisodeRequest(seed=i, episode_id=f"held-{i}") for i in range(args.held_out)]
-        val_requests = [EpisodeRequest(seed=args.held_out + i, episode_id=f"val-{i}") for i in range(args.val_episodes)]
-        train_eps, train_expert = play(env_options, "train", train_requests, seed=args.seed + 1, progress=progress)
-        train_eps = [e for e in train_eps if e.success]  # as the warm start: successful episodes only
-        train_rows = bench.rows(train_eps)
-        train_examples, train_target = bench.examples(train_rows, train_eps, train_expert.detours)
-        evals = {}
-        for name, reqs in (("held_out", held_requests), ("val", val_requests if args.rates == 2 else [])):
-            if not reqs:
-                continue
-            eps, ex = play(env_options, "valid_seen", reqs, seed=args.seed + 2, progress=progress)
-            eps = [e for e in eps if e.success]
-            ev_rows = bench.rows(eps)
-            _, ev_target = bench.examples(ev_rows, eps, ex.detours)
-            evals[name] = (ev_rows, ev_target, len(eps))
-        say(f"quality: fine-tune on {len(train_eps)} successful expert episodes ({train_rows.num_tokens} tokens, "
-            f"{int(train_target.sum())} targets), 1 epoch, {args.batch_tokens} padded tokens per step, "
-            f"{quality_precision}; "
-            f"held out: {evals['held_out'][2]} successful episodes of valid_seen games "
-            f"({int(evals['held_out'][1].sum())} target tokens)" + (
-                f"; rates chosen on {evals['val'][2]} other valid_seen episodes" if "val" in evals else ""))
-        if "quality/base" not in done:
-            keep("quality/base", bench.held_out(bench.base, *evals["held_out"][:2], quality_precision))
-        quality["untrained"] = done["quality/base"]
-        runs = [(c, RATES[c] * f) for c in args.choices for f in ((1.0, 1 / 3) if args.rates == 2 else (1.0,))]
-        bar = tqdm(total=len(runs), desc="quality fine-tunes", unit="run", disable=not args.progress)
-        for choice, lr in runs:
-            key = f"quality/{choice}/{lr:.3g}"
-            bar.set_postfix_str(f"{choice} lr {lr:g}")
-            if key not in done:
-                model, optimizer = bench.fresh(choice)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                cpu, wall, loss = timed(lambda: bench.sft_pass(model, optimizer, train_examples, quality_precision))
-                record = {"choice": choice, "lr": lr, "train_loss": loss, "cpu_s": cpu, "wall_s": wall,
-                          "held_out": bench.held_out(model, *evals["held_out"][:2], quality_precision)}
-                if "val" in evals:
-                    record["val"] = bench.held_out(model, *evals["val"][:2], quality_precision)
-                del model, optimizer
-                keep(key, record)
-            record = done[key]
-            score = record["val"]["nll"] if "val" in record else record["held_out"]["nll"]
-            best = quality.get(choice)
-            if best is None or score < (best["val"]["nll"] if "val" in best else best["held_out"]["nll"]):
-                quality[choice] = record
-            tried = {k: record[k] for k in ("choice", "lr", "train_loss", "cpu_s", "wall_s")}
-            tried["held_out_nll"] = record["held_out"]["nll"]
-            if "val" in record:
-                tried["val_nll"] = record["val"]["nll"]
-            quality.setdefault("_tried", []).append(tried)
-            bar.update(1)
-        bar.close()
-    load_after = load_average()
 
-    # 4. The report
+def measure_quality(args, bench: Bench, env_options: dict, precision: str, done: Measurements, progress,
+                    say) -> dict:
+    """3. Quality at equal budget: each choice fine-tunes a fresh copy for one epoch at its rate (and a
+    third of it with `--rates 2`, the better one chosen on other games); held-out NLL and exact match."""
+    from tqdm.auto import tqdm
+
+    from agentgym_opsd.rollout import EpisodeRequest
+    from trainer.optim import set_learning_rate
+
+    train_requests = [EpisodeRequest(seed=i, episode_id=f"quality-{i}") for i in range(args.quality_episodes)]
+    held_requests = [EpisodeRequest(seed=i, episode_id=f"held-{i}") for i in range(args.held_out)]
+    val_requests = [EpisodeRequest(seed=args.held_out + i, episode_id=f"val-{i}") for i in range(args.val_episodes)]
+    train_eps, train_expert = play(env_options, "train", train_requests, seed=args.seed + 1, progress=progress)
+    train_eps = [e for e in train_eps if e.success]  # as the warm start: successful episodes only
+    train_rows = bench.rows(train_eps)
+    train_examples, train_target = bench.examples(train_rows, train_eps, train_expert.detours)
+    evals = {}
+    for name, reqs in (("held_out", held_requests), ("val", val_requests if args.rates == 2 else [])):
+        if not reqs:
+            continue
+        eps, ex = play(env_options, "valid_seen", reqs, seed=args.seed + 2, progress=progress)
+        eps = [e for e in eps if e.success]
+        ev_rows = bench.rows(eps)
+        _, ev_target = bench.examples(ev_rows, eps, ex.detours)
+        evals[name] = (ev_rows, ev_target, len(eps))
+    say(f"quality: fine-tune on {len(train_eps)} successful expert episodes ({train_rows.num_tokens} tokens, "
+        f"{int(train_target.sum())} targets), 1 epoch, {args.batch_tokens} padded tokens per step, "
+        f"{precision}; "
+        f"held out: {evals['held_out'][2]} successful episodes of valid_seen games "
+        f"({int(evals['held_out'][1].sum())} target tokens)" + (
+            f"; rates chosen on {evals['val'][2]} other valid_seen episodes" if "val" in evals else ""))
+    if "quality/base" not in done:
+        done.keep("quality/base", bench.held_out(bench.base, *evals["held_out"][:2], precision))
+    quality: dict = {"untrained": done["quality/base"]}
+    runs = [(c, RATES[c] * f) for c in args.choices for f in ((1.0, 1 / 3) if args.rates == 2 else (1.0,))]
+    bar = tqdm(total=len(runs), desc="quality fine-tunes", unit="run", disable=not args.progress)
+    for choice, lr in runs:
+        key = f"quality/{choice}/{lr:.3g}"
+        bar.set_postfix_str(f"{choice} lr {lr:g}")
+        if key not in done:
+            model, optimizer = bench.fresh(choice)
+            set_learning_rate(optimizer, lr)
+            cpu, wall, loss = timed(lambda: bench.sft_pass(model, optimizer, train_examples, precision))
+            record = {"choice": choice, "lr": lr, "train_loss": loss, "cpu_s": cpu, "wall_s": wall,
+                      "held_out": bench.held_out(model, *evals["held_out"][:2], precision)}
+            if "val" in evals:
+                record["val"] = bench.held_out(model, *evals["val"][:2], precision)
+            del model, optimizer
+            done.keep(key, record)
+        record = done[key]
+        score = record["val"]["nll"] if "val" in record else record["held_out"]["nll"]
+        best = quality.get(choice)
+        if best is None or score < (best["val"]["nll"] if "val" in best else best["held_out"]["nll"]):
+            quality[choice] = record
+        tried = {k: record[k] for k in ("choice", "lr", "train_loss", "cpu_s", "wall_s")}
+        tried["held_out_nll"] = record["held_out"]["nll"]
+        if "val" in record:
+            tried["val_nll"] = record["val"]["nll"]
+        quality.setdefault("_tried", []).append(tried)
+        bar.update(1)
+    bar.close()
+    return quality
+
+
+def report_speed(args, summary: dict, extra_summary: dict, checks: dict, trained: dict, tokens: int,
+                 fastest: str, fastest_precision: str, say) -> list[dict]:
+    """The speed table, the fastest choice's variants and what they show; returns the SFT table's rows."""
     table = speed_table({case: s for case, s in summary.items()}, "full/fp32/sft")
     rl_summary = {c: s for c, s in summary.items() if c.endswith("/rl")}
     rl_table = {r["case"]: r for r in speed_table(rl_summary, "full/fp32/rl")}
@@ -629,46 +600,129 @@ def main(argv=None) -> int:
         f"same episodes; logits only where read: forward x{times('forward/everywhere', 'forward/read'):.2f} faster "
         f"(x{times('forward/everywhere', 'forward/read+prefix'):.2f} with the shared "
         f"start); log-prob sums " + ", ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in checks.items()))
+    return table
 
-    recommendation = None
+
+def report_quality(args, quality: dict, precision: str, summary: dict, per_choice: dict, say) -> str | None:
+    """The quality table (each choice's held-out NLL and exact match, its difference to the best with
+    the interval, equal or not) and the recommendation; returns the choice recommended."""
+    say()
+    say(f"Quality at equal budget ({precision}; 1 epoch on the same episodes): held-out NLL per target "
+        f"token, "
+        f"turn exact match (greedy turn = expert's), share of target tokens that are the argmax, "
+        f"difference to the best NLL with its 95% interval over episodes")
+    best_choice = min(args.choices, key=lambda c: quality[c]["held_out"]["nll"])
+    best = quality[best_choice]["held_out"]
+    say(f"{'choice':<13} {'lr':>8} {'NLL':>7} {'exact':>6} {'tokens':>6} {'vs best [95%]':>24} {'equal':>6} "
+        f"{'fine-tune':>10}")
+    base = quality["untrained"]
+    say(f"{'untrained':<13} {'-':>8} {base['nll']:>7.4f} {base['exact_match']:>6.1%} "
+        f"{base['token_accuracy']:>6.1%}")
     equal: dict[str, bool] = {}
+    for choice in args.choices:
+        rec = quality[choice]
+        d, low, high = paired_nll_difference(rec["held_out"]["nll_sum"], rec["held_out"]["count"], best["nll_sum"],
+                                             seed=args.seed)
+        equal[choice] = equal_quality(best["nll"], low)
+        rec["vs_best"] = {"best": best_choice, "difference": d, "low": low, "high": high, "equal": equal[choice]}
+        say(f"{choice:<13} {rec['lr']:>8.0e} {rec['held_out']['nll']:>7.4f} {rec['held_out']['exact_match']:>6.1%} "
+            f"{rec['held_out']['token_accuracy']:>6.1%} "
+            f"{f'{d:+.4f} [{low:+.4f}, {high:+.4f}]':>24} {'yes' if equal[choice] else 'no':>6} "
+            f"{rec['wall_s']:>8.0f} s")
+    say("  fine-tune times: wall (CPU) s: " + ", ".join(
+        f"{t['choice']} lr {t['lr']:.0e} {t['wall_s']:.0f} ({t['cpu_s']:.0f})" + (
+            f" val NLL {t['val_nll']:.4f}" if "val_nll" in t else "") for t in quality["_tried"]))
+    speed_q = {c: per_choice[(c, precision)] for c in args.choices if (c, precision) in per_choice}
+    recommendation = recommend(speed_q, equal)
+    if recommendation is not None:
+        r = recommendation
+        sft_x = summary["full/fp32/sft"]["cpu_s_min"] / summary[f"{r}/{precision}/sft"]["cpu_s_min"]
+        rl_x = summary["full/fp32/rl"]["cpu_s_min"] / summary[f"{r}/{precision}/rl"]["cpu_s_min"]
+        say(f"fastest at equal quality: {r} in {precision} (SFT x{sft_x:.2f}, "
+            f"RL x{rl_x:.2f} of full-FT fp32; held-out NLL "
+            f"{quality[r]['held_out']['nll']:.4f}, best {best_choice} {best['nll']:.4f})")
+    else:
+        say("fastest at equal quality: none measured")
+    return recommendation
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import agentgym_opsd
+    from agentgym_opsd.io import atomic_write_json, atomic_write_text
+    from trainer.policy import cpu_has_fast_bf16
+
+    agentgym_opsd.load_plugins()
+    started = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    flags = cpu_flags()
+    fast_bf16 = cpu_has_fast_bf16()
+    if args.precisions == "auto":
+        precisions = ["fp32", "bf16"] if fast_bf16 else ["fp32"]
+    else:
+        precisions = args.precisions.split(",")
+    load_before = load_average()
+    say(f"train_speed at {git_commit()}: model {args.model}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread "
+        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}), load average before {load_before}")
+    say(f"CPU flags: {' '.join(flags) or 'none found'}; native bf16 (amx_bf16 or avx512_bf16): {fast_bf16}; "
+        f"precisions measured: {', '.join(precisions)}")
+    if "bf16" in precisions and not fast_bf16:
+        say("  (bf16 asked for on a CPU without bf16 units: emulated, expect it slower)")
+    done = Measurements(args, out, say)
+    env_options = {"room": "small", "max_turns": 15, "panel_own_types": True, "expert_searches": True,
+                   "panel_size": {"train": 200, "valid_seen": args.held_out + args.val_episodes, "valid_unseen": 1},
+                   "progress": False}
+    bench = Bench(args)
+    progress = "expert episodes" if args.progress else False
+
+    # 1. the rows, and what each choice trains
+    data = speed_rows(args, bench, env_options, progress, say)
+    rows, window_rows, target, episodes = data["rows"], data["window_rows"], data["target"], data["episodes"]
+    tokens, window_tokens = rows.num_tokens, window_rows.num_tokens
+    trained = {}
+    for choice in args.choices:
+        model, _ = bench.fresh(choice)
+        trained[choice] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        del model
+
+    # 2. speed: every choice x precision, then the fastest one's variants
+    samples = measure_speed(args, bench, data, precisions, done)
+    summary = {case: summarize_times(s, tokens) for case, s in samples.items()}
+    per_choice = {(c, p): summary[f"{c}/{p}/sft"]["cpu_s_min"] + summary[f"{c}/{p}/rl"]["cpu_s_min"]
+                  for p in precisions for c in args.choices}
+    fastest, fastest_precision = min(per_choice, key=per_choice.get)
+    extra_samples, checks = measure_variants(args, bench, data, fastest, fastest_precision, done)
+    extra_summary = {case: summarize_times(s, window_tokens if case.endswith("window") else tokens)
+                     for case, s in extra_samples.items()}
+
+    # 3. quality at equal budget, in bf16 when it measured faster
+    quality: dict = {}
+    quality_precision = None
     if args.quality:
-        say()
-        say(f"Quality at equal budget ({quality_precision}; 1 epoch on the same episodes): held-out NLL per target "
-            f"token, "
-            f"turn exact match (greedy turn = expert's), share of target tokens that are the argmax, "
-            f"difference to the best NLL with its 95% interval over episodes")
-        best_choice = min(args.choices, key=lambda c: quality[c]["held_out"]["nll"])
-        best = quality[best_choice]["held_out"]
-        say(f"{'choice':<13} {'lr':>8} {'NLL':>7} {'exact':>6} {'tokens':>6} {'vs best [95%]':>24} {'equal':>6} "
-            f"{'fine-tune':>10}")
-        base = quality["untrained"]
-        say(f"{'untrained':<13} {'-':>8} {base['nll']:>7.4f} {base['exact_match']:>6.1%} "
-            f"{base['token_accuracy']:>6.1%}")
-        for choice in args.choices:
-            rec = quality[choice]
-            d, low, high = paired_nll_difference(rec["held_out"]["nll_sum"], rec["held_out"]["count"], best["nll_sum"],
-                                                 seed=args.seed)
-            equal[choice] = equal_quality(best["nll"], low)
-            rec["vs_best"] = {"best": best_choice, "difference": d, "low": low, "high": high, "equal": equal[choice]}
-            say(f"{choice:<13} {rec['lr']:>8.0e} {rec['held_out']['nll']:>7.4f} {rec['held_out']['exact_match']:>6.1%} "
-                f"{rec['held_out']['token_accuracy']:>6.1%} "
-                f"{f'{d:+.4f} [{low:+.4f}, {high:+.4f}]':>24} {'yes' if equal[choice] else 'no':>6} "
-                f"{rec['wall_s']:>8.0f} s")
-        say("  fine-tune times: wall (CPU) s: " + ", ".join(
-            f"{t['choice']} lr {t['lr']:.0e} {t['wall_s']:.0f} ({t['cpu_s']:.0f})" + (
-                f" val NLL {t['val_nll']:.4f}" if "val_nll" in t else "") for t in quality["_tried"]))
-        speed_q = {c: per_choice[(c, quality_precision)] for c in args.choices if (c, quality_precision) in per_choice}
-        recommendation = recommend(speed_q, equal)
-        if recommendation is not None:
-            r = recommendation
-            sft_x = base_sft / summary[f"{r}/{quality_precision}/sft"]["cpu_s_min"]
-            rl_x = base_rl / summary[f"{r}/{quality_precision}/rl"]["cpu_s_min"]
-            say(f"fastest at equal quality: {r} in {quality_precision} (SFT x{sft_x:.2f}, "
-                f"RL x{rl_x:.2f} of full-FT fp32; held-out NLL "
-                f"{quality[r]['held_out']['nll']:.4f}, best {best_choice} {best['nll']:.4f})")
-        else:
-            say("fastest at equal quality: none measured")
+        bf16_time = sum(v for (c, p), v in per_choice.items() if p == "bf16")
+        fp32_time = sum(v for (c, p), v in per_choice.items() if p == "fp32")
+        bf16_faster = "bf16" in precisions and (fp32_time == 0 or bf16_time < fp32_time)
+        quality_precision = "bf16" if bf16_faster else precisions[0]
+        quality = measure_quality(args, bench, env_options, quality_precision, done, progress, say)
+    load_after = load_average()
+
+    # 4. the report
+    table = report_speed(args, summary, extra_summary, checks, trained, tokens, fastest, fastest_precision, say)
+    recommendation = None
+    if args.quality:
+        recommendation = report_quality(args, quality, quality_precision, summary, per_choice, say)
     else:
         say(f"fastest (speed only, --no-quality): {fastest} {fastest_precision}")
     wall = time.perf_counter() - started
@@ -696,15 +750,11 @@ def main(argv=None) -> int:
 
 
 def plot(summary: dict, precisions: list[str], choices: list[str], path: Path) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-
-    from agentgym_opsd.io import atomic_write_bytes
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     x = np.arange(len(choices))
@@ -718,10 +768,7 @@ def plot(summary: dict, precisions: list[str], choices: list[str], path: Path) -
         ax.set(title=title, ylabel="row tokens / CPU s (1 thread)")
         ax.legend()
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_png(fig, path)
 
 
 if __name__ == "__main__":

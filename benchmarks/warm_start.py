@@ -1,9 +1,9 @@
 """Does the warm start generalise? A policy's success on its own training games against held-out ones.
 
-    .venv/bin/python benchmarks/warm_start.py                                   # learning.py's tiny one: 200 Pick games
-    .venv/bin/python benchmarks/warm_start.py --train-games 1000 --expert searching --max-turns 15
-    .venv/bin/python benchmarks/warm_start.py --base smollm2-135m               # the real model (its defaults below)
-    .venv/bin/python benchmarks/warm_start.py --model runs/learning/sft/model  # evaluate a warm start you have
+    .venv/bin/python -m benchmarks.warm_start                                   # learning.py's tiny one: 200 Pick games
+    .venv/bin/python -m benchmarks.warm_start --train-games 1000 --expert searching --max-turns 15
+    .venv/bin/python -m benchmarks.warm_start --base smollm2-135m               # the real model (its defaults below)
+    .venv/bin/python -m benchmarks.warm_start --model runs/learning/sft/model  # evaluate a warm start you have
 
 1. A warm start on `--train-games` ALFWorld Pick games in small rooms (a panel of Pick games only,
    `panel_own_types=True`): SFT on `--sft-episodes` expert episodes with random detours (only the
@@ -16,7 +16,8 @@
    (`expert_searches=True`: it uses only what the agent reads) instead of the planner, which goes
    straight to where only the game knows the object is. `--sft-privileged s` also teaches the
    teacher's privileged contexts on a share s of the episodes (the literate warm start).
-   `--model DIR` skips training and evaluates DIR.
+   `--model DIR` skips training and evaluates DIR. The defaults are the warm start of the model kind's
+   recipe (trainer/recipes.py: `PICK_TINY`, `PICK_REAL`).
 2. Greedy episodes, one per game, on: the first `--episodes` training games; the first `--episodes`
    valid_seen games, split into those with a twin in training (the same goal and expert plan:
    memorisable) and those without; `--episodes` valid_unseen games (floor plans the training never saw).
@@ -34,16 +35,17 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.held_out_games import twin_free_seeds
+from trainer.recipes import PICK_ENV as ENV
+from trainer.recipes import PICK_REAL, PICK_TINY, SFT_NOISE, TINY_QWEN3, PickRecipe
 
-ENV = "agentgym/ALFWorld-Pick-v0"
 
-
-REAL_MODEL_DEFAULTS = {"expert": "searching", "max_turns": 15, "train_games": 1000, "sft_episodes": 400,
-                       "sft_epochs": 2, "sft_lr": 1e-4, "train_layers": 8, "autocast": "auto", "max_new_tokens": 32}
-TINY_DEFAULTS = {"expert": "planner", "max_turns": 12, "train_games": 200, "sft_episodes": 1500, "sft_epochs": 6,
-                 "sft_lr": 3e-3, "train_layers": 0, "autocast": "none", "max_new_tokens": 24}
+def warm_start_defaults(recipe: PickRecipe) -> dict:
+    """The flags' defaults from a model kind's recipe (trainer/recipes.py): its warm start."""
+    return {"expert": "searching" if recipe.expert_searches else "planner", "max_turns": recipe.max_turns,
+            "train_games": recipe.train_games, "sft_episodes": recipe.sft_episodes, "sft_epochs": recipe.sft_epochs,
+            "sft_lr": recipe.sft_lr, "train_layers": recipe.train_layers, "autocast": recipe.autocast,
+            "max_new_tokens": recipe.max_new_tokens}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,15 +57,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--expert", choices=("planner", "searching"))
     ap.add_argument("--sft-episodes", type=int)
     ap.add_argument("--sft-epochs", type=int)
-    ap.add_argument("--sft-noise", type=float, default=0.25)
+    ap.add_argument("--sft-noise", type=float, default=SFT_NOISE)
     ap.add_argument("--sft-lr", type=float)
     ap.add_argument("--sft-privileged", type=float, default=0.0, help="literate warm start: share of episodes also "
                     "taught in the teacher's privileged contexts")
     ap.add_argument("--train-layers", type=int, help="train the top K layers (real model default 8)")
     ap.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters of this rank instead")
     ap.add_argument("--autocast", choices=("none", "bf16", "auto"))
-    ap.add_argument("--tiny-hidden", type=int, default=128)
-    ap.add_argument("--tiny-layers", type=int, default=2)
+    ap.add_argument("--tiny-hidden", type=int, default=TINY_QWEN3["tiny_hidden"])
+    ap.add_argument("--tiny-layers", type=int, default=TINY_QWEN3["tiny_layers"])
     ap.add_argument("--max-turns", type=int)
     ap.add_argument("--max-new-tokens", type=int, help="per-turn token cap when the policy plays")
     ap.add_argument("--episodes", type=int, default=100, help="games per evaluation panel")
@@ -71,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/warm_start")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     args = ap.parse_args(argv)
-    defaults = TINY_DEFAULTS if args.base == "tiny" else REAL_MODEL_DEFAULTS
+    defaults = warm_start_defaults(PICK_TINY if args.base == "tiny" else PICK_REAL)
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -91,7 +93,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
-    from held_out_games import twin_free_seeds
 
     import agentgym_opsd
     from agentgym_opsd.io import atomic_write_json
@@ -116,7 +117,8 @@ def main(argv=None) -> int:
     model_dir = Path(args.model) if args.model else out / "model"
     if args.model is None and not (model_dir / "config.json").exists():
         config = TrainConfig(
-            env_id=ENV, out=str(out), method="grpo", model=args.base, tokenizer="trained", vocab_size=1024,
+            env_id=ENV, out=str(out), method="grpo", model=args.base, tokenizer="trained",
+            vocab_size=TINY_QWEN3["vocab_size"],
             tiny_hidden=args.tiny_hidden, tiny_layers=args.tiny_layers, env_options=env_options, context="full",
             sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_noise=args.sft_noise, sft_lr=args.sft_lr,
             sft_privileged=args.sft_privileged, train_layers=args.train_layers, lora_rank=args.lora_rank,

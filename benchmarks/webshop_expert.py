@@ -5,8 +5,8 @@ buys. A goal it does not solve (reward < 1) is explained: the target was not fou
 or the target cannot reach 1.0 under WebShop's reward (with, for each goal option that no option
 value of the target matches, the texts the reward compares and their token-set score).
 
-    .venv/bin/python benchmarks/webshop_expert.py                     # ../shared/data/webshop, all goals
-    .venv/bin/python benchmarks/webshop_expert.py --catalog builtin --split test
+    .venv/bin/python -m benchmarks.webshop_expert                     # ../shared/data/webshop, all goals
+    .venv/bin/python -m benchmarks.webshop_expert --catalog builtin --split test
 
 Prints success rate, mean score and mean turns of the expert and the random agent, then one line
 per failed goal; `--json PATH` also writes them.
@@ -22,28 +22,24 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import agentgym_opsd
+from agentgym_opsd.agents import ExpertAgent, RandomAgent
+from agentgym_opsd.io import atomic_write_json
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+from benchmarks.common import SHARED_DATA
+from environments.webshop.reward import MATCH_THRESHOLD, fuzz_text, normalize_color, token_set_score
 
-import agentgym_opsd  # noqa: E402
-from agentgym_opsd.agents import ExpertAgent, RandomAgent  # noqa: E402
-from agentgym_opsd.io import atomic_write_json  # noqa: E402
-from agentgym_opsd.rollout import EpisodeRequest, run_episodes  # noqa: E402
-from environments.webshop.reward import MATCH_THRESHOLD, _fuzz_text, normalize_color, token_set_score  # noqa: E402
-
-DEFAULT_CATALOG = REPO.parent / "shared" / "data" / "webshop"
+DEFAULT_CATALOG = SHARED_DATA / "webshop"
 
 
 def _shown(value) -> str:
-    return " ".join(_fuzz_text(value).split())
+    return " ".join(fuzz_text(value).split())
 
 
 def explain_option(goal_option, target_values: list[str]) -> str:
@@ -68,7 +64,7 @@ def explain_option(goal_option, target_values: list[str]) -> str:
 def tagger_agreement(world, spacy_model: str) -> dict:
     """The built-in noun tagger against spaCy's model: equal r_type and equal total reward over every
     goal x product pair of the world's catalog (printed, and returned with the counts)."""
-    from agentgym_opsd.contract import EnvUnavailable
+    from agentgym_opsd import EnvUnavailable
     from environments.webshop.reward import builtin_nouns, noun_tagger, webshop_reward
 
     try:

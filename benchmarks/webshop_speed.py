@@ -12,9 +12,9 @@ Measures, for `--envs` instances (default 64) made with `gymnasium.make("agentgy
   `--episodes` episodes per env of a mixed agent (the expert's moves, with random admissible
   clicks mixed in), round-robin over the instances as a rollout would.
 
-    .venv/bin/python benchmarks/webshop_speed.py                         # ../shared/data/webshop, 64 envs
-    .venv/bin/python benchmarks/webshop_speed.py --catalog builtin --envs 16
-    .venv/bin/python benchmarks/webshop_speed.py --catalog DIR --no-heap --json out.json  # what scale.py runs
+    .venv/bin/python -m benchmarks.webshop_speed                         # ../shared/data/webshop, 64 envs
+    .venv/bin/python -m benchmarks.webshop_speed --catalog builtin --envs 16
+    .venv/bin/python -m benchmarks.webshop_speed --catalog DIR --no-heap --json out.json  # what scale.py runs
 
 The catalog's load (its files and goals: `catalog_load_s`, with the peak RSS it reached) and the index
 build (`index_build_s`) are timed apart before the first env is made.
@@ -28,22 +28,19 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import agentgym_opsd
+from agentgym_opsd.io import atomic_write_json
+from benchmarks.common import SHARED_DATA
 
-import agentgym_opsd  # noqa: E402
-from agentgym_opsd.io import atomic_write_json  # noqa: E402
-
-DEFAULT_CATALOG = REPO.parent / "shared" / "data" / "webshop"
+DEFAULT_CATALOG = SHARED_DATA / "webshop"
 
 
 def rss_bytes() -> int:
@@ -82,7 +79,7 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--catalog", default=str(DEFAULT_CATALOG) if DEFAULT_CATALOG.exists() else "builtin",
                         help="a WebShop data folder or file, or 'builtin' (default: ../shared/data/webshop)")
@@ -94,55 +91,57 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-heap", action="store_true",
                         help="no tracemalloc (Python heap figures): it slows loading and adds memory; for load time "
                              "and RSS at scale")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-speed-")) / "index")
-    catalog = None if args.catalog == "builtin" else args.catalog
+
+def build_envs(args, catalog: str | None, index_dir: str) -> tuple[list, Any, dict[str, float]]:
+    """Load the catalog, build its index, make `--envs` instances: (the envs, their shared world, the
+    times and memory of each stage)."""
+    from environments.webshop.world import get_world
 
     def make():
         return agentgym_opsd.make("agentgym/WebShop-v0", catalog=catalog, index_dir=index_dir, split="all")
 
-    from environments.webshop.world import get_world
-
-    if not args.no_heap:
-        tracemalloc.start()
-    rss0, heap0 = rss_bytes(), heap_bytes()
+    costs: dict[str, float] = {"rss0": rss_bytes(), "heap0": heap_bytes()}
     t0 = time.perf_counter()
     loaded = get_world(catalog, index_dir=index_dir)  # the catalog's files and its goals (what make() loads first)
-    load_s = time.perf_counter() - t0
-    rss_loaded = rss_bytes()
-    peak_load = peak_rss_bytes()
+    costs["load_s"] = time.perf_counter() - t0
+    costs["rss_loaded"] = rss_bytes()
+    costs["peak_load"] = peak_rss_bytes()
     t0 = time.perf_counter()
     loaded.search  # the search index: built here when index_dir holds none
-    index_s = time.perf_counter() - t0
+    costs["index_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     first = make()
-    build_s = load_s + index_s + time.perf_counter() - t0
-    rss1, heap1 = rss_bytes(), heap_bytes()
+    costs["build_s"] = costs["load_s"] + costs["index_s"] + time.perf_counter() - t0
+    costs["rss1"], costs["heap1"] = rss_bytes(), heap_bytes()
     world = first.unwrapped.world
     assert world is loaded, "make() did not reuse the world get_world() loaded"
 
     t0 = time.perf_counter()
     envs = [first] + [make() for _ in range(args.envs - 1)]
-    make_ms = (time.perf_counter() - t0) / max(args.envs - 1, 1) * 1000
-    rss_all, heap_all = rss_bytes(), heap_bytes()
+    costs["make_ms"] = (time.perf_counter() - t0) / max(args.envs - 1, 1) * 1000
+    costs["rss_all"], costs["heap_all"] = rss_bytes(), heap_bytes()
     assert all(e.unwrapped.world is world for e in envs), "env instances do not share one world"
+    return envs, world, costs
 
-    # Latency: round-robin over the instances, each playing `--episodes` episodes.
-    rng = np.random.default_rng(args.seed)
+
+def play_round_robin(envs: list, episodes: int, seed: int) -> tuple[dict[str, list[float]], list[float]]:
+    """Latency: round-robin over the instances, each playing `episodes` episodes of the expert with a
+    random detour now and then; (seconds per reset, search, click and buy; the episodes' scores)."""
+    rng = np.random.default_rng(seed)
     timings: dict[str, list[float]] = {"reset": [], "search": [], "click": [], "buy": []}
     n_tasks = envs[0].unwrapped.num_tasks
     live = []
     for k, env in enumerate(envs):
         t = time.perf_counter()
-        env.reset(seed=(args.seed + k) % n_tasks)
+        env.reset(seed=(seed + k) % n_tasks)
         timings["reset"].append(time.perf_counter() - t)
         live.append([env, 0])
     scores = []
     while live:
         still = []
-        for slot in live:
-            env, done_episodes = slot
+        for env, done_episodes in live:
             raw = env.unwrapped
             admissible = raw.admissible_actions()
             if rng.random() < 0.3 and admissible:  # a random detour now and then, as a learner would
@@ -156,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             if terminated or truncated:
                 scores.append(float(info["hindsight"].score))
                 done_episodes += 1
-                if done_episodes < args.episodes:
+                if done_episodes < episodes:
                     t = time.perf_counter()
                     env.reset(seed=int(rng.integers(n_tasks)))
                     timings["reset"].append(time.perf_counter() - t)
@@ -164,42 +163,40 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 still.append([env, done_episodes])
         live = still
-    rss_played, heap_played = rss_bytes(), heap_bytes()
-    # What the instances themselves hold: drop all but the first and see the heap fall.
-    search_cache = len(world.search._cache)
-    for env in envs[1:]:
-        env.close()
-    del envs[1:], live, slot, env, raw
-    heap_dropped = heap_bytes()
+    return timings, scores
 
-    per_env_heap = (heap_all - heap1) / max(args.envs - 1, 1)
-    per_env_heap_played = (heap_played - heap_dropped) / max(args.envs - 1, 1)
-    shared_growth = heap_dropped - heap1  # query cache, noun cache: shared, grows with distinct queries
-    per_env_rss = (rss_all - rss1) / max(args.envs - 1, 1)
-    world_heap = heap1 - heap0
+
+def speed_figures(args, world, index_dir: str, costs: dict[str, float], timings: dict[str, list[float]],
+                  scores: list[float]) -> dict[str, Any]:
+    """The figures of one run: load, index and make times, memory per stage and per env, latencies."""
+    per_env_heap = (costs["heap_all"] - costs["heap1"]) / max(args.envs - 1, 1)
+    per_env_heap_played = (costs["heap_played"] - costs["heap_dropped"]) / max(args.envs - 1, 1)
+    shared_growth = costs["heap_dropped"] - costs["heap1"]  # query and noun caches: shared, grow with the queries
+    per_env_rss = (costs["rss_all"] - costs["rss1"]) / max(args.envs - 1, 1)
+    world_heap = costs["heap1"] - costs["heap0"]
     figures = {
         "catalog": world.catalog.name,
         "products": len(world.catalog),
         "goals": len(world.goals),
         "envs": args.envs,
-        "catalog_load_s": round(load_s, 3),
-        "index_build_s": round(index_s, 3),
+        "catalog_load_s": round(costs["load_s"], 3),
+        "index_build_s": round(costs["index_s"], 3),
         "index_mib": round(sum(p.stat().st_size for p in Path(index_dir).rglob("*") if p.is_file()) / 2**20, 2),
-        "rss_after_catalog_load_mb": round(rss_loaded / 2**20, 1),
-        "peak_rss_catalog_load_mb": round(peak_load / 2**20, 1),
-        "first_env_build_s": round(build_s, 3),
-        "extra_env_make_ms": round(make_ms, 3),
-        "rss_before_mb": round(rss0 / 2**20, 1),
-        "rss_one_env_mb": round(rss1 / 2**20, 1),
-        "rss_all_envs_mb": round(rss_all / 2**20, 1),
-        "rss_after_episodes_mb": round(rss_played / 2**20, 1),
+        "rss_after_catalog_load_mb": round(costs["rss_loaded"] / 2**20, 1),
+        "peak_rss_catalog_load_mb": round(costs["peak_load"] / 2**20, 1),
+        "first_env_build_s": round(costs["build_s"], 3),
+        "extra_env_make_ms": round(costs["make_ms"], 3),
+        "rss_before_mb": round(costs["rss0"] / 2**20, 1),
+        "rss_one_env_mb": round(costs["rss1"] / 2**20, 1),
+        "rss_all_envs_mb": round(costs["rss_all"] / 2**20, 1),
+        "rss_after_episodes_mb": round(costs["rss_played"] / 2**20, 1),
         "world_python_heap_mb": round(world_heap / 2**20, 2),
         "per_env_python_heap_kb": round(per_env_heap / 1024, 2),
         "per_env_python_heap_after_episodes_kb": round(per_env_heap_played / 1024, 2),
         "per_env_rss_kb": round(per_env_rss / 1024, 1),
         "per_env_over_world_heap": round(per_env_heap_played / world_heap, 5) if world_heap else None,
         "shared_cache_growth_kb": round(shared_growth / 1024, 1),
-        "cached_queries": search_cache,
+        "cached_queries": int(costs["cached_queries"]),
         "episodes": len(scores),
         "mean_score": round(statistics.fmean(scores), 4) if scores else None,
     }
@@ -217,7 +214,25 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("world_python_heap_mb", "per_env_python_heap_kb", "per_env_python_heap_after_episodes_kb",
                     "per_env_over_world_heap", "shared_cache_growth_kb"):
             figures.pop(key)
-    else:
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-speed-")) / "index")
+    catalog = None if args.catalog == "builtin" else args.catalog
+    if not args.no_heap:
+        tracemalloc.start()
+    envs, world, costs = build_envs(args, catalog, index_dir)
+    timings, scores = play_round_robin(envs, args.episodes, args.seed)
+    costs["rss_played"], costs["heap_played"] = rss_bytes(), heap_bytes()
+    # What the instances themselves hold: drop all but the first and see the heap fall.
+    costs["cached_queries"] = len(world.search._cache)
+    while len(envs) > 1:
+        envs.pop().close()
+    costs["heap_dropped"] = heap_bytes()
+    figures = speed_figures(args, world, index_dir, costs, timings, scores)
+    if not args.no_heap:
         tracemalloc.stop()
 
     width = max(len(k) for k in figures)

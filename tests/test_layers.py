@@ -1,12 +1,14 @@
 """The layers of the code, as the README's layout section draws them, held against every import.
 
+    benchmarks   benchmarks/              measures everything (run as `python -m benchmarks.NAME`)
     app          agentgym_app/            wires everything together (CLI, bench, report, demo, ...)
     trainer      trainer/                 credit, rows, teacher, local trainer, OpenRLHF bridge
     envs         environments/            one package per env family
     retrieval    retrieval_index/         Lucene index, Flask server, client (a library)
     contract     agentgym_opsd/           the env contract, registry, episodes, rollout
 
-An arrow may only point down: the app may import anything and nothing imports the app; the trainer
+An arrow may only point down: the benchmarks may import anything and only the tests import them;
+the app may import anything below it and only the benchmarks import it; the trainer
 and the envs import the contract (and envs the retrieval library), never each other; the retrieval
 library imports only the contract; the contract imports none of them. `trainer/credit/` is pure
 tensor math: it imports torch, numpy, the standard library and itself. Every import counts, also one
@@ -29,7 +31,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-OURS = ("agentgym_app", "agentgym_opsd", "environments", "retrieval_index", "trainer")
+OURS = ("agentgym_app", "agentgym_opsd", "environments", "retrieval_index", "trainer", "benchmarks")
 
 
 def layer(module: str) -> str | None:
@@ -38,11 +40,12 @@ def layer(module: str) -> str | None:
         return "app"
     top = module.split(".")[0]
     return {"agentgym_opsd": "contract", "environments": "envs", "retrieval_index": "retrieval",
-            "trainer": "trainer"}.get(top)
+            "trainer": "trainer", "benchmarks": "benchmarks"}.get(top)
 
 
 # For each layer, the layers it may import (besides itself).
 ALLOWED = {
+    "benchmarks": {"app", "contract", "envs", "retrieval", "trainer"},
     "app": {"contract", "envs", "retrieval", "trainer"},
     "trainer": {"contract"},
     "envs": {"contract", "retrieval"},
@@ -101,13 +104,58 @@ def test_the_credit_core_imports_only_torch_numpy_and_itself():
     assert not bad, "\n".join(bad)
 
 
+def reaches_by_path(source: str, siblings: set[str], outside: set[str]) -> list[tuple[int, str]]:
+    """(line, what) for each way a benchmark module would find code by path rather than as a module of
+    the package: editing `sys.path`, importing a sibling by its bare name (`import learning`), or
+    importing a package that lives under tests/ (`outside`)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+                and node.value.id == "sys":
+            out.append((node.lineno, "sys.path"))
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        for name in names:
+            top = name.split(".")[0]
+            if top in siblings:
+                out.append((node.lineno, f"import {name} (a sibling by its bare name)"))
+            elif top in outside:
+                out.append((node.lineno, f"import {name} (from tests/)"))
+    return out
+
+
+def test_benchmarks_are_a_package_run_with_python_m():
+    """`python -m benchmarks.NAME` puts the repository root on the path: a benchmark imports its
+    siblings as `benchmarks.x`, touches no `sys.path`, and takes no code from tests/ (what it needs
+    has a home in the project or in the package)."""
+    siblings = {p.stem for p in (REPO / "benchmarks").glob("*.py")} - {"__init__"}
+    outside = {p.name for p in (REPO / "tests").rglob("*") if p.is_dir() and (p / "__init__.py").is_file()}
+    outside |= {p.stem for p in (REPO / "tests").rglob("*.py")}
+    bad = [f"{path.relative_to(REPO)}:{line}: {what}" for path in sorted((REPO / "benchmarks").glob("*.py"))
+           for line, what in reaches_by_path(path.read_text(encoding="utf-8"), siblings, outside)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "source,found",
+    [("import sys\nsys.path.insert(0, 'x')", ["sys.path"]), ("from held_out_games import twin_free_seeds",
+      ["import held_out_games (a sibling by its bare name)"]), ("from benchmarks.held_out_games import x", []),
+     ("import agentgym_example_plugin", ["import agentgym_example_plugin (from tests/)"]), ("import os.path", [])],
+)
+def test_the_package_rule_itself(source, found):
+    """The checker can fail: what it finds in a few lines of a benchmark."""
+    assert [what for _, what in reaches_by_path(source, {"held_out_games"}, {"agentgym_example_plugin"})] == found
+
+
 @pytest.mark.parametrize(
     "module,target,allowed",
     [("trainer.rows", "environments.alfworld", False), ("agentgym_opsd.contract", "agentgym_app.cli", False),
      ("agentgym_app.demo", "trainer.local", True), ("environments.searchqa.env", "retrieval_index.client", True),
      ("retrieval_index.cli", "agentgym_opsd.usage", True), ("environments.webshop", "trainer.teacher", False),
      ("agentgym_app.bench", "environments.alfworld.panel", True), ("trainer.local", "agentgym_app.cli", False),
-     ("agentgym_opsd.registry", "agentgym_app", False), ("retrieval_index.server", "agentgym_app.report", False)],
+     ("agentgym_opsd.registry", "agentgym_app", False), ("retrieval_index.server", "agentgym_app.report", False),
+     ("benchmarks.learning", "trainer.local", True), ("trainer.local", "benchmarks.common", False),
+     ("agentgym_app.demo", "benchmarks.learning", False)],
 )
 def test_the_rules_themselves(module, target, allowed):
     """The checker can fail: a few arrows and whether they are allowed."""

@@ -2,8 +2,9 @@
 
 The checkpoint holds tensors, numbers and strings only (no pickled objects), so it loads with
 `torch.load(..., weights_only=True)`: numpy's legacy RNG key is stored as a tensor.
-`save_checkpoint(run)` writes a `LocalTrainer` run's state; `load_checkpoint(run)` puts it back and
-drops what the run logged after it, so a resumed run ends in the state of one never stopped.
+`save_checkpoint(out, config, state)` writes a run's `RunState` (`trainer.run_state`) and settings;
+`load_checkpoint(out, config)` makes the state again from them and drops what the run logged after
+the checkpoint, so a resumed run ends in the state of one never stopped.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import torch
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_text, read_jsonl_numbered
 from trainer.config import RESUMABLE_CHANGES, TrainConfig, TrainError
 from trainer.policy import load_policy
+from trainer.run_state import RunState, begin_rl, rollout_agent, trainable_policy
 from trainer.trainable import load_trainable_state, trainable_names, trainable_state, trains_everything
 
 __all__ = [
     "CHECKPOINT",
+    "FORMAT",
     "load_checkpoint",
     "read_checkpoint",
     "restore_rng_states",
@@ -34,6 +37,7 @@ __all__ = [
 ]
 
 CHECKPOINT = "checkpoint.pt"
+FORMAT = 1  # the layout below; a checkpoint of another format is refused with a message saying what to do
 
 
 def _numpy_state_to_safe(state: tuple) -> tuple:
@@ -78,66 +82,70 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def save_checkpoint(run) -> None:
-    """A `LocalTrainer` run's model, optimizer, teacher snapshot, KL reference, RNG states and
-    progress, in one file written atomically (a crash leaves the previous checkpoint)."""
-    names = set(run.model.state_dict()) if trains_everything(run.model) else trainable_names(run.model)
-    write_checkpoint(run.out, {
-        "format": 1,
-        "config": run.config.to_dict(),
-        "step": run.step,
-        "sft_done": run.sft_done,
-        "evaluated_steps": sorted(run.evaluated_steps),
+def save_checkpoint(out: Path, config: TrainConfig, state: RunState) -> None:
+    """A run's state (`RunState`: model, optimizer, teacher snapshot, KL reference, RNG states, progress)
+    and its settings, in `out/checkpoint.pt`, written atomically (a crash leaves the previous checkpoint)."""
+    model = state.model
+    names = set(model.state_dict()) if trains_everything(model) else trainable_names(model)
+    write_checkpoint(out, {
+        "format": FORMAT,
+        "config": config.to_dict(),
+        "step": state.step,
+        "sft_done": state.sft_done,
+        "evaluated_steps": sorted(state.evaluated_steps),
         # the trained tensors only when the rest is the frozen base model (top layers, adapters)
-        "model": trainable_state(run.model, names),
-        "optimizer": run.optimizer.state_dict(),
-        "teacher": None if run.teacher_model is None else trainable_state(run.teacher_model, names),
-        "reference": None if run.reference_model is None else trainable_state(run.reference_model, names),
+        "model": trainable_state(model, names),
+        "optimizer": state.optimizer.state_dict() if state.optimizer is not None else None,
+        "teacher": None if state.teacher_model is None else trainable_state(state.teacher_model, names),
+        "reference": None if state.reference_model is None else trainable_state(state.reference_model, names),
         "rng": {
-            "trainer": run.rng.bit_generator.state,
+            "trainer": state.rng.bit_generator.state,
             **rng_states(),
-            "rollout_agent": None if run.rollout_agent is None else run.rollout_agent.state_dict(),
+            "rollout_agent": None if state.rollout_agent is None else state.rollout_agent.state_dict(),
         },
     })
 
 
-def load_checkpoint(run) -> None:
-    """A `LocalTrainer` run back from its checkpoint in `run.out` (the same settings, else a
-    `TrainError`), and its logs cut back to what was logged before it (`truncate_logs`)."""
-    state = read_checkpoint(run.out)
+def load_checkpoint(out: Path, config: TrainConfig) -> RunState:
+    """The state of the run in `out` as its checkpoint left it, for a run with `config` (the same
+    settings but `RESUMABLE_CHANGES`, else a `TrainError`); its logs are cut back to what was logged
+    before the checkpoint (`truncate_logs`), so the resumed run ends as one never stopped would."""
+    out = Path(out)
+    state = read_checkpoint(out)
+    if state.get("format") != FORMAT:
+        raise TrainError(
+            f"--resume: {out / CHECKPOINT} has checkpoint format {state.get('format')!r}, this version reads "
+            f"format {FORMAT}; resume it with the version that wrote it, or start a new run with another --out"
+        )
     saved = TrainConfig.from_dict(state["config"])
-    changed = {k for k, v in saved.to_dict().items() if getattr(run.config, k) != v} - RESUMABLE_CHANGES
+    changed = {k for k, v in saved.to_dict().items() if getattr(config, k) != v} - RESUMABLE_CHANGES
     if changed:
         raise TrainError(
-            f"--resume: the run in {run.out} was started with other settings ({', '.join(sorted(changed))}); "
+            f"--resume: the run in {out} was started with other settings ({', '.join(sorted(changed))}); "
             "resume with the same settings, or start a new run with another --out"
         )
-    cfg = run.config
-    if cfg.model == "tiny":
-        run.model, run.tokenizer = load_policy(str(run.out / "init"), device=cfg.device, dtype=cfg.dtype)
-    else:
-        run.model, run.tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
-    run.model = run.select_trainable(run.model)
-    load_trainable_state(run.model, state["model"])
-    run.step = int(state["step"])
-    run.sft_done = bool(state["sft_done"])
-    run.evaluated_steps = set(state["evaluated_steps"])
-    if run.sft_done:
+    source = str(out / "init") if config.model == "tiny" else config.model
+    model, tokenizer = load_policy(source, device=config.device, dtype=config.dtype)
+    model = trainable_policy(model, config)
+    load_trainable_state(model, state["model"])
+    run = RunState(model=model, tokenizer=tokenizer, rng=np.random.default_rng(config.seed), step=int(state["step"]),
+                   evaluated_steps=set(state["evaluated_steps"]))
+    if state["sft_done"]:
         # the copies are made from the policy as the checkpoint left it, then get their own tensors
-        run.init_rl_models()
+        begin_rl(run, config)
         if state["teacher"] is not None:
             load_trainable_state(run.teacher_model, state["teacher"])
         if state["reference"] is not None:
             load_trainable_state(run.reference_model, state["reference"])
-    run.make_optimizer(cfg.lr if run.sft_done else cfg.sft_lr)
-    run.optimizer.load_state_dict(state["optimizer"])
+        run.optimizer.load_state_dict(state["optimizer"])
     rng = state["rng"]
     run.rng.bit_generator.state = rng["trainer"]
     restore_rng_states(rng)
     if rng["rollout_agent"] is not None:
-        run.rollout_agent = run.new_rollout_agent()
+        run.rollout_agent = rollout_agent(run.model, run.tokenizer, config)
         run.rollout_agent.load_state_dict(rng["rollout_agent"])
-    truncate_logs(run.out, step=run.step, evaluated_steps=run.evaluated_steps, sft_done=run.sft_done)
+    truncate_logs(out, step=run.step, evaluated_steps=run.evaluated_steps, sft_done=run.sft_done)
+    return run
 
 
 def truncate_logs(out: Path, *, step: int, evaluated_steps: set[int], sft_done: bool) -> None:

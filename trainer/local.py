@@ -13,11 +13,13 @@ One process, one device (CPU here, one CUDA GPU in bf16 where present). The warm
     6. clipped policy-gradient loss, token mean over the batch's generated tokens:
            r_t = exp(lp_new - lp_old),  L = -mean_t min(r_t A~_t, clip(r_t, 1 - eps, 1 + eps) A~_t)
        plus beta * KL(pi || pi_init) (k3 estimator) when beta > 0; AdamW, gradient-norm clipping,
-       micro-batches that accumulate into one optimizer step (`trainer.loss.ppo_update`).
+       micro-batches that accumulate into one optimizer step (`trainer.loss.ppo_update`), at the
+       update's learning rate (`trainer.optim`).
 
 Evaluation runs every `eval_every` updates on a held-out panel (fixed seeds, its own env options),
-success per subset. The run directory holds config.json, metrics.jsonl, TensorBoard events, episodes,
-an atomic checkpoint (`trainer.checkpoint`: model, optimizer, RNG states, step, teacher snapshot),
+success per subset. The run's state between updates is a `trainer.run_state.RunState`. The run directory
+holds config.json, metrics.jsonl, TensorBoard events, episodes, an atomic checkpoint of that state
+(`trainer.checkpoint`: model, optimizer, RNG states, step, teacher snapshot),
 learning curves as PNG, the final model (`model/`, loadable as `hf:OUT/model`) and report.json.
 `resume=True` continues from the checkpoint and reaches the same state as a run that was never stopped.
 """
@@ -25,12 +27,10 @@ learning curves as PNG, the final model (`model/`, loadable as `hf:OUT/model`) a
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +50,23 @@ from trainer.credit import compute_advantages
 from trainer.credit_records import update_credit_records
 from trainer.forward import row_logprobs
 from trainer.loss import ppo_update
-from trainer.memory import peak_memory_gb, release_freed_memory, reset_peak_memory
+from trainer.memory import peak_memory_gb, reset_peak_memory
+from trainer.optim import rl_learning_rate, set_learning_rate
 from trainer.plots import plot_run
-from trainer.policy import PolicyLoadError, TinyModelSpec, autocast_context, load_policy, parameter_count
-from trainer.rows import build_rows
+from trainer.policy import PolicyLoadError, TinyModelSpec, load_policy, parameter_count
+from trainer.run_state import (
+    RunState,
+    begin_rl,
+    compute_context,
+    policy_agent,
+    policy_rows,
+    rollout_agent,
+    trainable_policy,
+)
 from trainer.sampling import HFPolicyAgent
 from trainer.teacher import score_teacher
 from trainer.train_cli import config_from_args
-from trainer.trainable import TrainableError, merged_for_saving, select_trainable
+from trainer.trainable import merged_for_saving
 from trainer.warm_start import expert_episodes, sft
 
 __all__ = ["LocalTrainer", "TrainConfig", "TrainError", "run_from_args", "sampling_consistency", "train"]
@@ -79,7 +88,9 @@ def sampling_consistency(rows, old_logp: torch.Tensor) -> dict[str, float]:
 
 
 class LocalTrainer:
-    """A training run in `config.out` (see the module docstring)."""
+    """A training run in `config.out` (see the module docstring). Its state between updates is
+    `self.state` (`trainer.run_state.RunState`: the policy, optimizer, frozen copies, RNG, progress),
+    which `trainer.checkpoint` saves and loads; None until `setup`."""
 
     def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True) -> None:
         config.validate()
@@ -91,20 +102,13 @@ class LocalTrainer:
 
             hf_logging.disable_progress_bar()
         self.resume = resume
-        self.step = 0
-        self.sft_done = False
-        self.evaluated_steps: set[int] = set()
+        self.state: RunState | None = None
         self.hooks: dict[str, list[Callable[..., None]]] = {"after_rollout": [], "after_update": []}
-        self.model = None
-        self.tokenizer = None
-        self.teacher_model = None
-        self.reference_model = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.rng = np.random.default_rng(config.seed)
-        self.rollout_agent: HFPolicyAgent | None = None  # made by the first rollout (or a resume)
+        self.credit = config.credit_config()  # the method, the env family's defaults and `--credit` overrides
+        self.last_credit = None  # the last update's `CreditParts` (for the credit records)
         self._writer = None
 
-    # -- set-up: the policy, its optimizer, the teacher snapshot and KL reference ------------
+    # -- set-up: the policy, or the state a checkpoint left ----------------------------------
 
     def setup(self) -> None:
         cfg = self.config
@@ -117,16 +121,17 @@ class LocalTrainer:
                 f"{self.out} already holds a run ({CHECKPOINT}); pass --resume to continue it or use a new --out"
             )
         if self.resume and ckpt.exists():
-            load_checkpoint(self)
+            self.state = load_checkpoint(self.out, cfg)
             return
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self._init_policy()
+        model, tokenizer = self._init_policy()
+        self.state = RunState(model=model, tokenizer=tokenizer, rng=np.random.default_rng(cfg.seed))
         atomic_write_json(self.out / "config.json", cfg.to_dict())
         if (self.out / "metrics.jsonl").exists():
             (self.out / "metrics.jsonl").unlink()
 
-    def _init_policy(self) -> None:
+    def _init_policy(self):
         cfg = self.config
         corpus = None
         if cfg.model == "tiny" and cfg.tokenizer in ("trained", "auto"):
@@ -135,36 +140,19 @@ class LocalTrainer:
         spec = TinyModelSpec(hidden_size=cfg.tiny_hidden, num_hidden_layers=cfg.tiny_layers, num_attention_heads=heads,
                              num_key_value_heads=max(1, heads // 2), head_dim=cfg.tiny_hidden // heads,
                              intermediate_size=4 * cfg.tiny_hidden)
-        self.model, self.tokenizer = load_policy(
+        model, tokenizer = load_policy(
             cfg.model, tokenizer=cfg.tokenizer, corpus=corpus, vocab_size=cfg.vocab_size, seed=cfg.seed,
             device=cfg.device, dtype=cfg.dtype, tiny=spec,
         )
         if cfg.model == "tiny":  # the tokenizer (perhaps trained just now) and architecture, for resume and eval
             with atomic_directory(self.out / "init") as tmp:
-                self.model.save_pretrained(tmp)
-                self.tokenizer.save_pretrained(tmp)
-        self.model = self.select_trainable(self.model)
-        self.make_optimizer(cfg.lr)
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+        return trainable_policy(model, cfg), tokenizer
 
-    def select_trainable(self, model):
-        """The weights this run trains: all, the top layers, or LoRA adapters (`trainer.trainable`)."""
-        cfg = self.config
-        try:
-            return select_trainable(model, train_layers=cfg.train_layers, lora_rank=cfg.lora_rank,
-                                    lora_layers=cfg.lora_layers, lora_alpha=cfg.lora_alpha)
-        except TrainableError as e:
-            raise TrainError(str(e)) from None
-
-    @contextmanager
     def compute(self):
-        """The context the run's forward and backward passes run in (`--autocast`). When it ends, the
-        memory the phase freed goes back to the system (`trainer.memory`): a process between phases
-        holds its live memory, not its last peak, so runs side by side fit where their peaks would not."""
-        try:
-            with autocast_context(self.config.autocast, next(self.model.parameters()).device):
-                yield
-        finally:
-            release_freed_memory()
+        """The context the run's forward and backward passes run in (`trainer.run_state.compute_context`)."""
+        return compute_context(self.config, self.state.model)
 
     def _tokenizer_corpus(self) -> list[str]:
         """Text to train a tokenizer on: the env's instructions and the turns of expert episodes (or
@@ -179,35 +167,6 @@ class LocalTrainer:
                 texts += list(t.step.admissible_actions or [])
         return texts
 
-    def make_optimizer(self, lr: float) -> None:
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=lr, weight_decay=self.config.weight_decay,
-            betas=(0.9, 0.99),
-        )
-
-    def init_rl_models(self) -> None:
-        """The teacher snapshot (a `stale` teacher) and the KL reference, frozen copies of the policy."""
-        cfg = self.config
-        credit = cfg.credit_config()
-        if credit.needs_teacher and credit.teacher_mode == "stale":
-            self.teacher_model = self._frozen_copy(self.model)
-        if cfg.kl_coef > 0:
-            self.reference_model = self._frozen_copy(self.model)
-
-    @staticmethod
-    def _frozen_copy(model):
-        twin = copy.deepcopy(model)
-        twin.eval()
-        twin.requires_grad_(False)
-        return twin
-
-    @property
-    def credit(self):
-        """The run's `CreditConfig` (the method, the env family's defaults and `--credit` overrides)."""
-        if getattr(self, "_credit", None) is None:
-            self._credit = self.config.credit_config()
-        return self._credit
-
     def make_env(self):
         return agentgym_opsd.make(self.config.env_id, **self.config.env_options)
 
@@ -220,22 +179,22 @@ class LocalTrainer:
         """SFT warm start (if asked and not done), evaluation before RL, the RL updates with periodic
         evaluation and checkpoints, then the final evaluation, model, plots and report."""
         self.start()
-        cfg = self.config
-        if 0 not in self.evaluated_steps and cfg.eval_episodes > 0 and cfg.eval_before:
+        cfg, state = self.config, self.state
+        if 0 not in state.evaluated_steps and cfg.eval_episodes > 0 and cfg.eval_before:
             self.evaluate()
             self._checkpoint()
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.method} updates", unit="upd",
+        bar = tqdm(total=cfg.steps, initial=state.step, desc=f"{cfg.method} updates", unit="upd",
                    disable=not self.progress)
         try:
-            while self.step < cfg.steps:
+            while state.step < cfg.steps:
                 record = self.rl_step()
                 bar.update(1)
                 bar.set_postfix(success=f"{record['train/success']:.2f}", loss=f"{record['loss']:.3f}")
-                due_eval = cfg.eval_every > 0 and self.step % cfg.eval_every == 0
-                if (due_eval or self.step == cfg.steps) and cfg.eval_episodes > 0:
+                due_eval = cfg.eval_every > 0 and state.step % cfg.eval_every == 0
+                if (due_eval or state.step == cfg.steps) and cfg.eval_episodes > 0:
                     self.evaluate()
-                if cfg.save_every > 0 and (self.step % cfg.save_every == 0 or self.step == cfg.steps):
-                    save_checkpoint(self)
+                if cfg.save_every > 0 and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
+                    save_checkpoint(self.out, cfg, state)
         finally:
             bar.close()
         return self.finish()
@@ -243,45 +202,46 @@ class LocalTrainer:
     def start(self) -> None:
         """Set the run up (or load it back) and warm-start the policy: after this, `rl_step` trains."""
         self.setup()
-        if not self.sft_done:
+        state = self.state
+        if not state.sft_done:
             if self.config.sft_episodes > 0:
-                sft(self)
-            self.sft_done = True
-            self.init_rl_models()
-            self.make_optimizer(self.config.lr)
+                for record in sft(self.config, state.model, state.tokenizer, make_env=self.make_env, out=self.out,
+                                  progress=self.progress):
+                    self.log(record)
+            begin_rl(state, self.config)
             self._checkpoint()
 
     def _checkpoint(self) -> None:
         if self.config.save_every > 0:
-            save_checkpoint(self)
+            save_checkpoint(self.out, self.config, self.state)
 
     def rl_step(self) -> dict[str, Any]:
+        state = self.state
         started = time.perf_counter()
         reset_peak_memory()
         episodes = self.rollout()
-        rollout_stats = self.rollout_agent.pop_stats()
+        rollout_stats = state.rollout_agent.pop_stats()
         rollout_seconds = time.perf_counter() - started
         peaks = {"rollout": peak_memory_gb()}  # each phase's resident high-water mark, from its own start
         reset_peak_memory()
-        save_episodes(self.out / "episodes" / f"update_{self.step + 1:05d}.jsonl", episodes)
+        save_episodes(self.out / "episodes" / f"update_{state.step + 1:05d}.jsonl", episodes)
         for hook in self.hooks["after_rollout"]:
             hook(self, episodes)
 
         t0 = time.perf_counter()
         played = [e for e in episodes if e.error is None]  # an env failure has no outcome to learn from
         if not played:
-            raise TrainError(f"update {self.step + 1}: every episode failed; the first: {episodes[0].error}")
+            raise TrainError(f"update {state.step + 1}: every episode failed; the first: {episodes[0].error}")
         rows = self.rows(played)
-        old_logp = self.logprobs(self.model, rows)
+        old_logp = self.logprobs(state.model, rows)
         consistency = sampling_consistency(rows, old_logp)
         advantages, diagnostics, extra = self.advantages(played, rows, old_logp)
         if self.config.credit_records:  # what this update gives each turn, for the report (trainer.credit_records)
-
             records = update_credit_records(played, rows, self.last_credit, method=self.config.method,
-                                            update=self.step + 1, tokenizer=self.tokenizer)
+                                            update=state.step + 1, tokenizer=state.tokenizer)
             append_jsonl(self.out / "credit.jsonl", records)
         scoring_seconds = time.perf_counter() - t0
-        ref_logp = self.logprobs(self.reference_model, rows) if self.reference_model is not None else None
+        ref_logp = self.logprobs(state.reference_model, rows) if state.reference_model is not None else None
         peaks["scoring"] = peak_memory_gb()  # old log-probs, the teacher's forwards, the reference's
         reset_peak_memory()
 
@@ -289,14 +249,14 @@ class LocalTrainer:
         update = self.update(rows, old_logp, advantages, ref_logp)
         update_seconds = time.perf_counter() - t1
         peaks["update"] = peak_memory_gb()
-        self.step += 1
-        if self.teacher_model is not None and self.step % self.credit.teacher_refresh == 0:
-            self.teacher_model.load_state_dict(self.model.state_dict())
+        state.step += 1
+        if state.teacher_model is not None and state.step % self.credit.teacher_refresh == 0:
+            state.teacher_model.load_state_dict(state.model.state_dict())
 
         n = len(episodes)
         record = {
             "kind": "train",
-            "step": self.step,
+            "step": state.step,
             "train/success": sum(e.success for e in episodes) / max(1, n),
             "train/reward": float(np.mean([e.total_reward for e in episodes])) if n else 0.0,
             "train/turns": float(np.mean([e.num_turns for e in episodes])) if n else 0.0,
@@ -327,15 +287,16 @@ class LocalTrainer:
         return record
 
     def finish(self) -> dict[str, Any]:
+        state = self.state
         with atomic_directory(self.out / "model") as tmp:  # `hf:OUT/model` is whole or absent, adapters merged
-            merged_for_saving(self.model).save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
+            merged_for_saving(state.model).save_pretrained(tmp)
+            state.tokenizer.save_pretrained(tmp)
         evals = [r for _, r in read_jsonl_numbered(self.out / "metrics.jsonl") if r.get("kind") == "eval"]
         report = {
             "env_id": self.config.env_id,
             "method": self.config.method,
-            "steps": self.step,
-            "parameters": parameter_count(self.model),
+            "steps": state.step,
+            "parameters": parameter_count(state.model),
             "eval": [{k: v for k, v in r.items() if k.startswith("eval/") or k == "step"} for r in evals],
             "success_before": evals[0]["eval/success"] if evals else None,
             "success_after": evals[-1]["eval/success"] if evals else None,
@@ -349,41 +310,33 @@ class LocalTrainer:
     # -- one update, in order: rollout, rows, log-probs, teacher, advantages, update ----------
 
     def agent(self, *, temperature: float, seed: int | None = None, name: str = "policy") -> HFPolicyAgent:
-        """The policy as an agent: it builds its contexts in token space and records the ids it
-        samples, which the token rows are laid out from."""
-        return HFPolicyAgent(
-            self.model, self.tokenizer, max_new_tokens=self.config.max_new_tokens, temperature=temperature,
-            seed=self.config.seed if seed is None else seed,
-            chat_template_kwargs=dict(self.config.chat_template_kwargs), name=name,
-        )
-
-    def new_rollout_agent(self) -> HFPolicyAgent:
-        """The agent the rollouts sample with (its sampling generator goes into the checkpoint)."""
-        return self.agent(temperature=self.config.temperature, seed=self.config.seed, name=f"{self.config.method}")
+        """The policy as an agent (`trainer.run_state.policy_agent`)."""
+        return policy_agent(self.state.model, self.state.tokenizer, self.config, temperature=temperature, seed=seed,
+                            name=name)
 
     def rollout(self) -> list[Episode]:
-        cfg = self.config
-        if self.rollout_agent is None:
-            self.rollout_agent = self.new_rollout_agent()
-        seeds = self.rng.integers(0, 2**31 - 1, size=cfg.tasks_per_step)
+        cfg, state = self.config, self.state
+        if state.rollout_agent is None:
+            state.rollout_agent = rollout_agent(state.model, state.tokenizer, cfg)
+        seeds = state.rng.integers(0, 2**31 - 1, size=cfg.tasks_per_step)
+        update = state.step + 1
         requests = [
-            EpisodeRequest(seed=int(s), episode_id=f"u{self.step + 1}-t{j}-g{i}", group=f"u{self.step + 1}-t{j}")
+            EpisodeRequest(seed=int(s), episode_id=f"u{update}-t{j}-g{i}", group=f"u{update}-t{j}")
             for j, s in enumerate(seeds)
             for i in range(cfg.group_size)
         ]
         with self.compute():
             episodes = run_episodes(
-                self.make_env, self.rollout_agent, requests, num_envs=cfg.num_envs or len(requests),
-                context=cfg.context, progress=f"rollout {self.step + 1}" if self.progress else False,
+                self.make_env, state.rollout_agent, requests, num_envs=cfg.num_envs or len(requests),
+                context=cfg.context, progress=f"rollout {update}" if self.progress else False,
             )
-        self.rollout_agent.annotate(episodes)
+        state.rollout_agent.annotate(episodes)
         return episodes
 
     def rows(self, episodes: Sequence[Episode]):
-        """Token rows of finished episodes (`trainer.rows.build_rows`), cut at the model's context."""
-        return build_rows(list(episodes), self.tokenizer, span_mode=self.credit.span_mode,
-                          chat_template_kwargs=self.config.chat_template_kwargs,
-                          max_length=getattr(self.model.config, "max_position_embeddings", None))
+        """Token rows of finished episodes (`trainer.run_state.policy_rows`), cut at the model's context."""
+        return policy_rows(self.config, self.state.model, self.state.tokenizer, episodes,
+                           span_mode=self.credit.span_mode)
 
     def logprobs(self, model, rows) -> torch.Tensor:
         """[R, T] log-probs of the generated tokens under `model` (0 elsewhere), no grad, at the
@@ -397,16 +350,16 @@ class LocalTrainer:
 
     def teacher(self):
         """The model that scores with privileged context: the live policy or the snapshot."""
-        return self.model if self.teacher_model is None else self.teacher_model
+        return self.state.model if self.state.teacher_model is None else self.state.teacher_model
 
     def teacher_scores(self, episodes, rows, *, strategy: str = "auto"):
         """The teacher's log-probs with privileged context (`trainer.teacher.score_teacher`), or None
         for GRPO and GiGPO."""
         if not self.credit.needs_teacher:
             return None
-
         with self.compute():
-            return score_teacher(self.teacher(), self.tokenizer, list(episodes), rows, self.credit, strategy=strategy,
+            return score_teacher(self.teacher(), self.state.tokenizer, list(episodes), rows, self.credit,
+                                 strategy=strategy,
                                  micro_batch_tokens=self.config.micro_batch_tokens,
                                  temperature=self._train_temperature())
 
@@ -425,45 +378,40 @@ class LocalTrainer:
                        "teacher_truncated": scores.truncated}
             extra.update(scores.stats())
         batch = rows.credit_batch(student_logprobs=old_logp, **teacher)
-        advantages, diagnostics, self.last_credit = compute_advantages(batch, self.credit, self.step, return_parts=True)
+        advantages, diagnostics, self.last_credit = compute_advantages(batch, self.credit, self.state.step,
+                                                                       return_parts=True)
         return advantages, diagnostics, extra
-
-    def learning_rate(self, update: int) -> float:
-        """The RL learning rate of update number `update` (1-based)."""
-        cfg = self.config
-        if cfg.lr_schedule == "linear" and cfg.steps > 0:
-            return cfg.lr * max(0.0, cfg.steps - update + 1) / cfg.steps
-        return cfg.lr
 
     def update(self, rows, old_logp: torch.Tensor, advantages: torch.Tensor,
                ref_logp: torch.Tensor | None) -> dict[str, float]:
         """The clipped policy-gradient update on this batch (`trainer.loss.ppo_update`): `ppo_epochs`
-        passes, each `mini_batches` optimizer steps, at this update's learning rate."""
+        passes, each `mini_batches` optimizer steps, at this update's learning rate (`trainer.optim`)."""
+        state = self.state
+        set_learning_rate(state.optimizer, rl_learning_rate(self.config, state.step + 1))
         with self.compute():
-            return ppo_update(self.model, self.optimizer, rows, old_logp, advantages, ref_logp, config=self.config,
-                              lr=self.learning_rate(self.step + 1), step=self.step,
-                              temperature=self._train_temperature())
+            return ppo_update(state.model, state.optimizer, rows, old_logp, advantages, ref_logp, config=self.config,
+                              step=state.step, temperature=self._train_temperature())
 
     # -- evaluation and logging -------------------------------------------------------------
 
     def evaluate(self) -> dict[str, Any]:
         """The held-out panel: `eval_seeds` (else eval_seed .. eval_seed + n - 1) on the eval env,
         sampled with a generator of its own (the training RNG streams are untouched); success per subset."""
-        cfg = self.config
-        agent = self.agent(temperature=cfg.eval_temperature, seed=cfg.seed + 12345, name=f"{cfg.method}@{self.step}")
+        cfg, step = self.config, self.state.step
+        agent = self.agent(temperature=cfg.eval_temperature, seed=cfg.seed + 12345, name=f"{cfg.method}@{step}")
         seeds = list(cfg.eval_seeds) if cfg.eval_seeds else [cfg.eval_seed + i for i in range(cfg.eval_episodes)]
-        requests = [EpisodeRequest(seed=int(s), episode_id=f"eval{self.step}-{i}") for i, s in enumerate(seeds)]
+        requests = [EpisodeRequest(seed=int(s), episode_id=f"eval{step}-{i}") for i, s in enumerate(seeds)]
         started = time.perf_counter()
         with self.compute():
             episodes = run_episodes(
                 self.make_eval_env, agent, requests, num_envs=cfg.num_envs or min(64, len(requests)),
-                context=cfg.context, progress=f"eval @ {self.step}" if self.progress else False,
+                context=cfg.context, progress=f"eval @ {step}" if self.progress else False,
             )
-        save_episodes(self.out / "episodes" / f"eval_{self.step:05d}.jsonl", episodes)
+        save_episodes(self.out / "episodes" / f"eval_{step:05d}.jsonl", episodes)
         summary = summarize(episodes, env_id=cfg.env_id, agent=agent.name)
         record = {
             "kind": "eval",
-            "step": self.step,
+            "step": step,
             "eval/success": summary["success_rate"],
             "eval/score": summary["mean_score"],
             "eval/turns": summary["mean_turns"],
@@ -472,7 +420,7 @@ class LocalTrainer:
             **{f"eval/success/{t}": s["success_rate"] for t, s in summary["by_task_type"].items()},
         }
         self.log(record)
-        self.evaluated_steps.add(self.step)
+        self.state.evaluated_steps.add(step)
         if self.progress:
             tqdm.write(format_table(summary))
         return record
@@ -493,7 +441,8 @@ class LocalTrainer:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # tensorboard missing: JSONL and plots still record everything
                 return None
-            self._writer = SummaryWriter(str(self.out / "tb"), purge_step=self.step + 1 if self.step else None)
+            step = self.state.step
+            self._writer = SummaryWriter(str(self.out / "tb"), purge_step=step + 1 if step else None)
         return self._writer
 
 

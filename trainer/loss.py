@@ -76,21 +76,20 @@ def row_batch(rows, index: list[int], device) -> dict[str, torch.Tensor]:
 
 
 def ppo_update(model, optimizer, rows, old_logp: torch.Tensor, advantages: torch.Tensor, ref_logp: torch.Tensor | None,
-               *, config, lr: float, step: int, temperature: float) -> dict[str, float]:
+               *, config, step: int, temperature: float) -> dict[str, float]:
     """`config.ppo_epochs` passes over the batch, each split into `config.mini_batches` random
     mini-batches of rows (drawn with a generator seeded by `config.seed` and `step`, the updates done
-    before); each mini-batch is one optimizer step at learning rate `lr` (its micro-batches of
-    `config.micro_batch_tokens` accumulate gradients; the loss is the token mean over the
-    mini-batch). The first mini-batch of the first pass is on-policy (ratio 1); later ones are
-    off-policy by the steps before them, which the ratio clip bounds. Returns the update's metrics."""
+    before); each mini-batch is one optimizer step (its micro-batches of `config.micro_batch_tokens`
+    accumulate gradients; the loss is the token mean over the mini-batch), at the rate the caller set
+    on `optimizer` (`trainer.optim.set_learning_rate`; the metrics' `lr`). The first mini-batch of the
+    first pass is on-policy (ratio 1); later ones are off-policy by the steps before them, which the
+    ratio clip bounds. Returns the update's metrics."""
     cfg = config
     mask_all = rows.generated_mask()
     if int(mask_all.sum()) == 0:
         return {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "ratio_mean": 1.0,
                 "entropy": 0.0, "optimizer_steps": 0, "update/tokens": 0, "update/tokens_per_s": 0.0}
     started = time.perf_counter()
-    for group in optimizer.param_groups:
-        group["lr"] = lr
     totals = dict.fromkeys(("pg", "kl", "clipped", "ratio", "entropy", "tokens", "grad_norm"), 0.0)
     steps = 0
     shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
@@ -139,7 +138,7 @@ def ppo_update(model, optimizer, rows, old_logp: torch.Tensor, advantages: torch
         "entropy": totals["entropy"] / n,
         "grad_norm": totals["grad_norm"] / max(1, steps),
         "optimizer_steps": steps,
-        "lr": lr,
+        "lr": optimizer.param_groups[0]["lr"],
     }
     processed = int(totals["tokens"])
     stats["kl_old_new"] = _kl_old_new(model, rows, old_logp, micro_batch_tokens=cfg.micro_batch_tokens,

@@ -10,7 +10,7 @@ side sat at 16 GB between their peaks, and a third process met the OOM killer.
 
 `release_freed_memory()` returns that free heap to the system (glibc's `malloc_trim(0)`; elsewhere a
 no-op), so a process holds its live memory between phases, not its last peak. It changes no value a
-run computes: only where freed memory goes. `LocalTrainer.compute()` calls it when each phase ends.
+run computes: only where freed memory goes. `trainer.run_state.compute_context` calls it when each phase ends.
 
 `reset_peak_memory()` / `peak_memory_gb()`: the resident high-water mark since the last reset (Linux
 `VmHWM`, reset through `/proc/self/clear_refs`), so each update can log the peak it reached itself.

@@ -2,8 +2,8 @@
 
 `PerturbedExpert` plays the env's expert with random detours (DART-style) and remembers, for each
 detour, the turn the expert would have written there (its correction); `sft_targets` marks the
-tokens to imitate (the expert's own turns, never a detour); `sft` runs the warm start of a
-`LocalTrainer` run (`sft_epoch`: one pass of token-mean cross-entropy).
+tokens to imitate (the expert's own turns, never a detour); `sft` runs the warm start of a local
+run and returns its metrics (`sft_epoch`: one pass of token-mean cross-entropy).
 
 A literate warm start (`TrainConfig.sft_privileged`): the OPSD methods' teacher is the policy itself
 reading privileged text, which a model warm-started on plain expert turns has never seen; there, the
@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,7 +42,9 @@ from trainer.config import TrainConfig, TrainError
 from trainer.env_knowledge import credit_config
 from trainer.forward import block_causal_mask, token_logprobs
 from trainer.loss import micro_batches
+from trainer.optim import make_optimizer
 from trainer.rows import build_rows
+from trainer.run_state import compute_context, policy_rows
 from trainer.teacher import agentopsd_sequences, stepopsd_inserts
 
 __all__ = [
@@ -186,6 +190,7 @@ def privileged_examples(
     every detour turn (the corrections) and `turns_per_episode` of its other turns, drawn with
     `seed`; a turn whose conversation, block and target exceed `max_length` is left out.
     """
+
     out: list[SFTExample] = []
     kwargs = dict(chat_template_kwargs or {})
     if hindsight_config is not None and episodes:
@@ -251,51 +256,55 @@ def expert_episodes(config: TrainConfig, make_env, n: int, *, progress: str | bo
     return episodes, expert
 
 
-def sft(run) -> dict[str, Any]:
-    """The warm start of a `LocalTrainer` run: supervised fine-tuning on the env's expert, token-mean
-    cross-entropy of the expert's own turns of its successful episodes (observations are context
-    only), and with `sft_privileged` > 0 the teacher's privileged contexts too (`privileged_examples`).
-    Logs each epoch and a summary record through `run.log`; returns the summary."""
-    cfg = run.config
+def sft(config: TrainConfig, model, tokenizer, *, make_env: Callable[[], Any], out: Path,
+        progress: bool = True) -> list[dict[str, Any]]:
+    """The warm start of a local run: supervised fine-tuning of `model` (in place) on the env's expert,
+    token-mean cross-entropy of the expert's own turns of its successful episodes (observations are
+    context only), and with `sft_privileged` > 0 the teacher's privileged contexts too
+    (`privileged_examples`). `make_env` makes the training env; the expert's episodes go to
+    `out/episodes/sft_expert.jsonl`. The warm start has its own optimizer (`trainer.optim`, at `sft_lr`).
+
+    Returns the metrics to log: one record per epoch (`kind` sft), then the summary (`kind` sft_done).
+    """
+    cfg = config
     started = time.perf_counter()
-    played, expert = expert_episodes(cfg, run.make_env, cfg.sft_episodes,
-                                     progress="expert episodes" if run.progress else False)
+    played, expert = expert_episodes(cfg, make_env, cfg.sft_episodes, progress="expert episodes" if progress else False)
     episodes = [e for e in played if e.success and not e.error]
     if not episodes:
         raise TrainError(
             f"{cfg.env_id}: the expert solved none of {cfg.sft_episodes} episodes; nothing to warm-start on"
         )
-    save_episodes(run.out / "episodes" / "sft_expert.jsonl", episodes)
-    rows = run.rows(episodes)
+    save_episodes(Path(out) / "episodes" / "sft_expert.jsonl", episodes)
+    rows = policy_rows(cfg, model, tokenizer, episodes)
     target, detour_turns = sft_targets(rows, episodes, expert.detours)  # the expert's own turns only
     examples = [SFTExample(rows.input_ids[r, : int(rows.length[r])], target[r, : int(rows.length[r])])
                 for r in range(rows.num_rows)]
     examples = [x for x in examples if bool(x.target.any())]
     generated_tokens = int(target.sum())
-    limit = int(getattr(run.model.config, "max_position_embeddings", 32768) or 32768)
-    privileged = privileged_sft_examples(cfg, run.tokenizer, [e for e in played if not e.error], expert.corrections,
+    limit = int(getattr(model.config, "max_position_embeddings", 32768) or 32768)
+    privileged = privileged_sft_examples(cfg, tokenizer, [e for e in played if not e.error], expert.corrections,
                                          max_length=limit)
     examples += privileged
-    run.make_optimizer(cfg.sft_lr)
-    bar = tqdm(total=cfg.sft_epochs, desc="SFT warm start", unit="epoch", disable=not run.progress)
+    optimizer = make_optimizer(model, lr=cfg.sft_lr, weight_decay=cfg.weight_decay)
+    bar = tqdm(total=cfg.sft_epochs, desc="SFT warm start", unit="epoch", disable=not progress)
     loss_value = float("nan")
     sft_rng = np.random.default_rng(cfg.seed + 7)
-    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    records: list[dict[str, Any]] = []
     for epoch in range(cfg.sft_epochs):
-        with run.compute():
-            loss_value = sft_epoch(run.model, run.optimizer, examples, sft_rng, pad_token_id=pad,
+        with compute_context(cfg, model):
+            loss_value = sft_epoch(model, optimizer, examples, sft_rng, pad_token_id=pad,
                                    batch_tokens=cfg.sft_batch_tokens, max_grad_norm=cfg.max_grad_norm)
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}")
-        run.log({"kind": "sft", "step": 0, "sft/epoch": epoch + 1, "sft/loss": loss_value})
+        records.append({"kind": "sft", "step": 0, "sft/epoch": epoch + 1, "sft/loss": loss_value})
     bar.close()
-    record = {
+    records.append({
         "kind": "sft_done", "step": 0, "sft/episodes": len(episodes), "sft/generated_tokens": generated_tokens,
         "sft/detour_turns": detour_turns, "sft/privileged_examples": len(privileged),
         "sft/loss": loss_value, "sft/seconds": time.perf_counter() - started,
-    }
-    run.log(record)
-    return record
+    })
+    return records
 
 
 def privileged_sft_examples(config: TrainConfig, tokenizer, played: list[Episode], corrections: dict, *,

@@ -496,7 +496,7 @@ def reading_teacher_section(data: RunData) -> Section | None:
         "its credit over |A|, or its evidence e_k; token weights: the action tokens that agree with the expert's "
         "action against those that depart from it, pooled). 0.5 is chance. The interval resamples the "
         f"episodes ({settings.get('bootstrap')} draws); with this few it is wide: "
-        "<code>python benchmarks/credit_quality.py --model smollm2-135m</code> measures it on 128 episodes with "
+        "<code>python -m benchmarks.credit_quality --model smollm2-135m</code> measures it on 128 episodes with "
         f"placebo controls. Computed in {summary['seconds']:.0f}s on {summary.get('threads', 1)} thread(s), load "
         f"{summary['load'][0]:.1f} to {summary['load'][1]:.1f}."
     )

@@ -67,6 +67,7 @@ __all__ = [
     "RewardBreakdown",
     "attribute_reward",
     "builtin_nouns",
+    "fuzz_text",
     "noun_tagger",
     "normalize_color",
     "option_reward",
@@ -93,7 +94,7 @@ COLOR_WORDS: tuple[str, ...] = tuple(
 _HIGH_LATIN = {code: None for code in range(128, 256)}
 
 
-def _fuzz_text(value: Any) -> str:
+def fuzz_text(value: Any) -> str:
     """thefuzz's `full_process(value, force_ascii=True)`: str(), drop code points 128-255, then
     lower-case and turn non-alphanumerics into spaces."""
     return default_process(str(value).translate(_HIGH_LATIN))
@@ -101,7 +102,7 @@ def _fuzz_text(value: Any) -> str:
 
 def token_set_score(a: Any, b: Any) -> int:
     """thefuzz's `fuzz.token_set_ratio(a, b)`: 0-100, rounded to an int."""
-    return int(round(fuzz.token_set_ratio(_fuzz_text(a), _fuzz_text(b))))
+    return int(round(fuzz.token_set_ratio(fuzz_text(a), fuzz_text(b))))
 
 
 def normalize_color(option: str | tuple[str, str]) -> str | tuple[str, str]:

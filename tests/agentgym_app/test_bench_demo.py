@@ -68,13 +68,13 @@ def test_quick_demo_runs_every_stage_and_writes_one_report(tmp_path, capsys):
     page = report.read_text()
     # The header says what the tiny policies are and where the real figures are.
     about = (out / "about.txt").read_text()
-    assert "valid_unseen" in about and "benchmarks/learning.py" in about and "benchmarks/credit_quality.py" in about
+    assert "valid_unseen" in about and "benchmarks.learning" in about and "benchmarks.credit_quality" in about
     # ... and what the held-out row shows, read from this run's results
     for name in ("random", *policies):
         r = cells[(name, "pick", "valid_unseen")]
         assert f"{name} {round(r['success_rate'] * r['episodes'])}/{r['episodes']} (" in about
     assert '<p class="about">A small run of the whole job' in page
-    assert "<code>python benchmarks/learning.py</code>" in page
+    assert "<code>python -m benchmarks.learning</code>" in page
     # The training table and chart show the reward the update used beside the env's reward.
     assert "credit/reward_mean" in page and "train/reward" in page
     assert page.count("<h3>ALFWorld</h3>") == 1 and page.count("<h3>SearchQA</h3>") == 1

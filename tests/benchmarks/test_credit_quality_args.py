@@ -1,12 +1,11 @@
-"""benchmarks/credit_quality.py answers bad arguments with one usage line, not a traceback."""
+"""benchmarks.credit_quality answers bad arguments with one usage line, not a traceback."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "credit_quality.py"
+from benchmarks.common import REPO
 
 
 def test_bad_arguments_are_usage_errors(tmp_path):
@@ -21,6 +20,7 @@ def test_bad_arguments_are_usage_errors(tmp_path):
         (["--env", "agentgym/Nope-v0"], "no env registered"),
     )
     for args, says in cases:
-        done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, "-m", "benchmarks.credit_quality", *args], capture_output=True,
+                              text=True, timeout=120, cwd=REPO)
         assert done.returncode == 2, (args, done.stderr)
         assert says in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)

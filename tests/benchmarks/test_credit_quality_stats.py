@@ -1,27 +1,22 @@
-"""benchmarks/credit_quality.py's placebo contexts and cache (its statistics: tests/trainer/test_credit_auc.py).
+"""benchmarks.credit_quality's placebo contexts and cache (its statistics: tests/trainer/test_credit_auc.py).
 
 The placebo hindsight block holds another task's real reference and peer.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "credit_quality.py"
+import benchmarks.credit_quality
+from benchmarks.common import REPO
 
 
 @pytest.fixture(scope="module")
 def cq():
-    spec = importlib.util.spec_from_file_location("credit_quality_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmarks.credit_quality
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +120,11 @@ def test_a_rerun_reads_every_forward_from_the_cache(tiny_qwen3, tmp_path):
     import subprocess
 
     out = tmp_path / "cq"
-    args = [sys.executable, str(SCRIPT), "--model", str(tiny_qwen3), "--family", "alfworld", "--train-games", "6",
-            "--tasks", "3", "--group-size", "3", "--bootstrap", "40", "--out", str(out), "--no-progress"]
+    args = [sys.executable, "-m", "benchmarks.credit_quality", "--model", str(tiny_qwen3), "--family", "alfworld",
+            "--train-games", "6", "--tasks", "3", "--group-size", "3", "--bootstrap", "40", "--out", str(out),
+            "--no-progress"]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    first = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    first = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert first.returncode == 0, first.stderr[-3000:]
     report_file = out / f"credit_quality-{tiny_qwen3.name}-alfworld.json"
     report = json.loads(report_file.read_text())
@@ -147,7 +143,7 @@ def test_a_rerun_reads_every_forward_from_the_cache(tiny_qwen3, tmp_path):
                           "teacher-skills.pt", "teacher-skills-placebo.pt", "teacher-skills-placebo-all.pt"}
     torn = cache / "teacher-placebo.pt"
     torn.write_bytes(torn.read_bytes()[:100])
-    second = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    second = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert second.returncode == 0, second.stderr[-3000:]
     again = json.loads(report_file.read_text())
     assert again["results"] == report["results"]

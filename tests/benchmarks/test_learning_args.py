@@ -1,4 +1,4 @@
-"""benchmarks/learning.py: usage errors in one line, and its statistics (pure functions) doing what the
+"""benchmarks.learning: usage errors in one line, and its statistics (pure functions) doing what the
 table says they do."""
 
 from __future__ import annotations
@@ -6,15 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "learning.py"
-sys.path.insert(0, str(SCRIPT.parent))
-
-import learning  # noqa: E402
+from benchmarks import learning
+from benchmarks.common import REPO
 
 
 def test_bad_counts_are_usage_errors():
@@ -22,7 +19,8 @@ def test_bad_counts_are_usage_errors():
                             ("--jobs", "two", "invalid int value"), ("--seeds", "0", "--seeds must be >= 1"),
                             ("--model", "no/such/folder", "not a named model"),
                             ("--device", "tpu", "invalid choice: 'tpu'")):
-        done = subprocess.run([sys.executable, str(SCRIPT), flag, bad], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, "-m", "benchmarks.learning", flag, bad], capture_output=True, text=True,
+                              timeout=120, cwd=REPO)
         assert done.returncode == 2
         assert says in done.stderr and "Traceback" not in done.stderr
 
@@ -92,9 +90,9 @@ def test_the_table_covers_the_seeds_whose_runs_of_every_method_finished(tmp_path
     assert learning.finished_design(tmp_path, ["grpo", "gigpo"], None, None) == {0: [0, 2], 1: [0]}
     assert learning.finished_design(tmp_path, ["grpo", "gigpo"], 1, 2) == {0: [0]}
     assert learning.finished_design(tmp_path, ["grpo"], None, None) == {0: [0, 1, 2], 1: [0]}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--table-only", "--out", str(tmp_path / "none"),
-                           "--quick"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.learning", "--table-only", "--out",
+                           str(tmp_path / "none"), "--quick"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 1 and "no warm start under" in done.stderr and "without --table-only" in done.stderr
 
 
@@ -138,10 +136,11 @@ def test_a_run_whose_process_dies_stops_the_benchmark_with_a_message_that_says_h
 def test_warm_only_trains_and_scores_the_warm_start_and_runs_no_rl(tmp_path):
     out = tmp_path / "learning"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", "tiny", "--quick", "--warm-only", "--out", str(out), "--jobs", "1",
+        [sys.executable, "-m", "benchmarks.learning", "--model", "tiny", "--quick", "--warm-only", "--out", str(out),
+         "--jobs", "1",
          "--train-games", "20", "--eval-games", "3", "--sft-episodes", "8", "--sft-epochs", "1", "--max-turns", "4",
          "--tiny-hidden", "32", "--tiny-layers", "1", "--vocab-size", "300", "--no-progress"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "warm start 0: held-out" in done.stdout and "/3 = " in done.stdout
     assert (out / "warm0" / "report.json").is_file() and (out / "warm0" / "model" / "config.json").is_file()

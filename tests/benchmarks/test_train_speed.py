@@ -1,22 +1,18 @@
-"""benchmarks/train_speed.py: its arguments (bad ones are one usage line), and the helpers its table and
+"""benchmarks.train_speed: its arguments (bad ones are one usage line), and the helpers its table and
 recommendation rest on: the speed ratios, the turn exact-match count, the paired NLL difference and the
 choice of the fastest at equal quality."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_speed.py"
-_spec = importlib.util.spec_from_file_location("train_speed", SCRIPT)
-train_speed = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(train_speed)
+from benchmarks import train_speed
+from benchmarks.common import REPO
 
 
 def test_bad_arguments_are_usage_errors():
@@ -25,7 +21,8 @@ def test_bad_arguments_are_usage_errors():
                        (["--precisions", "fp16"], "--precisions 'fp16'"), (["--rates", "3"], "invalid choice"),
                        (["--batch-tokens", "10"], "--batch-tokens must be >= 256"),
                        (["--held-out", "-1"], "--held-out must be >= 1")):
-        done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, "-m", "benchmarks.train_speed", *args], capture_output=True, text=True,
+                              timeout=120, cwd=REPO)
         assert done.returncode == 2, (args, done.stderr)
         assert says in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
 

@@ -1,4 +1,4 @@
-"""benchmarks/warm_start.py: a warm start evaluated on its training games, held-out twins, twin-free and
+"""benchmarks.warm_start: a warm start evaluated on its training games, held-out twins, twin-free and
 unseen games, at the smallest size; bad arguments give one usage line."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "warm_start.py"
+from benchmarks.common import REPO
+
+COMMAND = [sys.executable, "-m", "benchmarks.warm_start"]
 
 
 def test_bad_arguments_are_usage_errors(tmp_path):
@@ -17,7 +18,7 @@ def test_bad_arguments_are_usage_errors(tmp_path):
                        # the expert cannot win in one turn: nothing to warm-start on, said in one line
                        (["--max-turns", "1", "--train-games", "2", "--sft-episodes", "2", "--episodes", "1",
                          "--out", str(tmp_path / "w")], "nothing to warm-start on")):
-        done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=120, cwd=REPO)
         assert done.returncode == 2, done.stderr
         assert says in done.stderr and "Traceback" not in done.stderr
 
@@ -25,9 +26,9 @@ def test_bad_arguments_are_usage_errors(tmp_path):
 def test_every_panel_is_played_once_per_game(tmp_path):
     out = tmp_path / "ws"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--train-games", "3", "--sft-episodes", "6", "--sft-epochs", "1", "--episodes",
+        [*COMMAND, "--train-games", "3", "--sft-episodes", "6", "--sft-epochs", "1", "--episodes",
          "3", "--max-turns", "15", "--tiny-hidden", "32", "--expert", "searching", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, cwd=REPO,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((out / "warm_start.json").read_text())["results"]

@@ -1,13 +1,11 @@
 """Reliability tests: load, slow clients, fuzzing, corrupt files, crash-safety and security defaults.
 
-`load_tools` is benchmarks/load.py (the load driver the benchmark uses), imported by path: benchmarks
-are scripts, not an installed package. `assert_listens_on_loopback_only(pid)` checks where a real
-server process listens, from the kernel's socket tables.
+`load_tools` is `benchmarks.load` (the load driver the benchmark uses). `assert_listens_on_loopback_only(pid)`
+checks where a real server process listens, from the kernel's socket tables.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import os
 import socket
@@ -16,26 +14,16 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:  # reliability_fuzz.py (shared hypothesis strategies) is imported by name
     sys.path.insert(0, HERE)
 
 
-def _import_benchmark(name: str):
-    module_name = f"agentgym_benchmark_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def load_tools():
-    return _import_benchmark("load")
+    import benchmarks.load
+
+    return benchmarks.load
 
 
 def listening_addresses(pid: int) -> list[str]:

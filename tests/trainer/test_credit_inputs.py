@@ -31,10 +31,10 @@ def test_a_teacher_identical_to_the_student_shows_no_gap(tmp_path: Path, monkeyp
     run = LocalTrainer(config(tmp_path / "run", method="agentopsd", temperature=temperature, max_new_tokens=8),
                        progress=False)
     run.start()
-    assert run.teacher() is run.model  # AgentOPSD: the live policy
+    assert run.teacher() is run.state.model  # AgentOPSD: the live policy
     episodes = run.rollout()
     rows = run.rows(episodes)
-    old = run.logprobs(run.model, rows)
+    old = run.logprobs(run.state.model, rows)
     _, diagnostics, extra = run.advantages(episodes, rows, old)
     assert extra["teacher/tokens"] > 0 and diagnostics["credit/scored_tokens"] > 0
     assert abs(diagnostics["credit/delta_mean"]) < 1e-6 and diagnostics["credit/delta_std"] < 1e-6

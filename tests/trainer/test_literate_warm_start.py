@@ -43,7 +43,7 @@ def test_detours_remember_the_experts_correction():
 def test_privileged_examples_hold_the_block_and_the_correction(tmp_path: Path):
     run = LocalTrainer(config(tmp_path / "run", env_id=ENV, steps=0, max_new_tokens=8), progress=False)
     run.setup()
-    tok = run.tokenizer
+    tok = run.state.tokenizer
     expert = PerturbedExpert(0.6, seed=1)
     played = run_episodes(lambda: make(ENV), expert, [EpisodeRequest(s, episode_id=f"e{s}") for s in range(6)],
                           progress=False)
@@ -80,11 +80,11 @@ def test_a_packed_hindsight_example_has_the_loss_and_gradients_of_one_sequence_p
     equal those of the separate sequences (prefix + block + target per turn), in float32."""
     run = LocalTrainer(config(tmp_path / "run", env_id=ENV, steps=0, max_new_tokens=8), progress=False)
     run.setup()
-    model = run.model.float()
+    model = run.state.model.float()
     expert = PerturbedExpert(0.6, seed=2)
     played = run_episodes(lambda: make(ENV), expert, [EpisodeRequest(s, episode_id=f"e{s}") for s in range(4)],
                           progress=False)
-    examples = privileged_examples(run.tokenizer, played, expert.corrections,
+    examples = privileged_examples(run.state.tokenizer, played, expert.corrections,
                                    hindsight_config=credit_config(ENV, "stepopsd"), max_length=100_000,
                                    turns_per_episode=3)
     packed = [x for x in examples if x.packed and len(x.unpacked()) >= 2]

@@ -110,7 +110,7 @@ def test_two_updates_change_loss_and_parameters_with_the_credit_cores_advantages
 
     def update(rows, old_logp, advantages, ref_logp):
         consumed.append(advantages)
-        snapshots.append({k: v.detach().clone() for k, v in run.model.state_dict().items()})
+        snapshots.append({k: v.detach().clone() for k, v in run.state.model.state_dict().items()})
         return real_update(rows, old_logp, advantages, ref_logp)
 
     episodes = []
@@ -138,7 +138,7 @@ def test_two_updates_change_loss_and_parameters_with_the_credit_cores_advantages
             episode = int(batch.row_episode[r])
             assert torch.allclose(adv[r][generated].double(), want[episode].expand(int(generated.sum())), atol=1e-5)
             assert (adv[r][~generated] == 0).all()
-    final = run.model.state_dict()
+    final = run.state.model.state_dict()
     for before, after in zip(snapshots, snapshots[1:] + [final]):
         assert any(not torch.equal(before[k], after[k]) for k in before)  # each update moved the weights
     assert records[0]["loss"] != 0 and records[1]["loss"] != 0 and records[0]["loss"] != records[1]["loss"]
@@ -148,7 +148,7 @@ def test_two_updates_change_loss_and_parameters_with_the_credit_cores_advantages
     lines = list(read_jsonl(out / "metrics.jsonl"))
     assert [r["step"] for r in lines if r["kind"] == "train"] == [1, 2]
     if sys.platform.startswith("linux"):  # each update logs its own resident peak: at least the model it holds
-        weights_gb = sum(p.numel() * p.element_size() for p in run.model.parameters()) / 2**30
+        weights_gb = sum(p.numel() * p.element_size() for p in run.state.model.parameters()) / 2**30
         for r in (r for r in lines if r["kind"] == "train"):
             phases = [r[f"memory/{phase}_peak_gb"] for phase in ("rollout", "scoring", "update")]
             assert all(weights_gb < peak < 64 for peak in phases), r
@@ -184,25 +184,25 @@ def test_a_killed_and_resumed_run_equals_an_unbroken_one(tmp_path, method, weigh
     broken = LocalTrainer(config(tmp_path / "b", **changes), progress=False)
 
     def kill(tr, eps):
-        if tr.step == 2:
+        if tr.state.step == 2:
             raise Killed()
 
     broken.hooks["after_rollout"].append(kill)
     with pytest.raises(Killed):
         broken.run()
-    assert broken.step == 2
+    assert broken.state.step == 2
     resumed = LocalTrainer(config(tmp_path / "b", **changes), resume=True, progress=False)
     resumed.run()
 
-    for x, y in [(unbroken.model, resumed.model), (unbroken.teacher_model, resumed.teacher_model),
-                 (unbroken.reference_model, resumed.reference_model)]:
+    a, b = unbroken.state, resumed.state
+    for x, y in [(a.model, b.model), (a.teacher_model, b.teacher_model), (a.reference_model, b.reference_model)]:
         sx, sy = x.state_dict(), y.state_dict()
         assert all(torch.equal(sx[k], sy[k]) for k in sx)
-    assert not all(torch.equal(unbroken.model.state_dict()[k], unbroken.teacher_model.state_dict()[k])
-                   for k in unbroken.model.state_dict())  # the snapshot is stale: it was taken at update 3
-    oa, ob = unbroken.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    assert not all(torch.equal(unbroken.state.model.state_dict()[k], unbroken.state.teacher_model.state_dict()[k])
+                   for k in unbroken.state.model.state_dict())  # the snapshot is stale: it was taken at update 3
+    oa, ob = unbroken.state.optimizer.state_dict()["state"], resumed.state.optimizer.state_dict()["state"]
     assert all(torch.equal(oa[k]["exp_avg_sq"], ob[k]["exp_avg_sq"]) for k in oa)
-    assert unbroken.rng.bit_generator.state == resumed.rng.bit_generator.state
+    assert unbroken.state.rng.bit_generator.state == resumed.state.rng.bit_generator.state
 
     def stable(path):
         return [{k: v for k, v in r.items()
@@ -215,8 +215,8 @@ def test_a_killed_and_resumed_run_equals_an_unbroken_one(tmp_path, method, weigh
     a_eps = (tmp_path / "a" / "episodes" / "update_00004.jsonl").read_text()
     assert a_eps == (tmp_path / "b" / "episodes" / "update_00004.jsonl").read_text()
     saved = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
-    trained = {n for n, p in resumed.model.named_parameters() if p.requires_grad}
-    assert set(saved["model"]) == (set(resumed.model.state_dict()) if weights == "all" else trained)
+    trained = {n for n, p in resumed.state.model.named_parameters() if p.requires_grad}
+    assert set(saved["model"]) == (set(resumed.state.model.state_dict()) if weights == "all" else trained)
     assert set(saved["teacher"]) == set(saved["reference"]) == set(saved["model"])
 
 
@@ -228,6 +228,17 @@ def test_resume_refuses_other_settings_and_a_fresh_run_refuses_an_old_directory(
         LocalTrainer(config(tmp_path / "r", steps=2, lr=1e-2), resume=True, progress=False).run()
     report = LocalTrainer(config(tmp_path / "r", steps=2), resume=True, progress=False).run()
     assert report["steps"] == 2
+
+
+def test_resume_refuses_a_checkpoint_of_another_format_and_names_the_fix(tmp_path) -> None:
+    from trainer.checkpoint import CHECKPOINT, FORMAT
+
+    LocalTrainer(config(tmp_path / "r", steps=1), progress=False).run()
+    saved = torch.load(tmp_path / "r" / CHECKPOINT, weights_only=True)
+    assert saved["format"] == FORMAT
+    torch.save({**saved, "format": FORMAT + 1}, tmp_path / "r" / CHECKPOINT)
+    with pytest.raises(TrainError, match=f"format {FORMAT + 1}.*start a new run with another --out"):
+        LocalTrainer(config(tmp_path / "r", steps=2), resume=True, progress=False).run()
 
 
 def test_cli_train_and_resume(tmp_path, capsys) -> None:
@@ -280,7 +291,7 @@ def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp
     run.start()
     episodes = run.rollout()
     rows = run.rows(episodes)
-    tok = run.tokenizer
+    tok = run.state.tokenizer
     checked = retokenized_same = 0
     for r in range(rows.num_rows):
         episode = episodes[int(rows.row_episode[r])]
@@ -292,13 +303,13 @@ def test_rows_hold_exactly_the_ids_the_policy_sampled_and_was_conditioned_on(tmp
             assert rows.input_ids[r, :start].tolist() == conditioned_on
             assert rows.input_ids[r, positions].tolist() == sampled
             assert positions.tolist() == list(range(start, start + len(sampled)))
-            content = sampled[:-1] if sampled[-1] in run.rollout_agent.stop_ids else sampled
+            content = sampled[:-1] if sampled[-1] in run.state.rollout_agent.stop_ids else sampled
             retokenized_same += tok(episode.turns[k].response, add_special_tokens=False)["input_ids"] == content
             checked += 1
     assert checked == sum(e.num_turns for e in episodes) == 16
     if temperature == 1.0:  # the test can fail: re-tokenizing the text would not give these ids
         assert retokenized_same < checked
-    old = run.logprobs(run.model, rows)
+    old = run.logprobs(run.state.model, rows)
     stats = sampling_consistency(rows, old)
     assert stats["rollout/recorded_turns"] == 1.0
     assert stats["rollout/logprob_gap"] < 1e-4
@@ -346,12 +357,12 @@ def test_sft_with_detours_trains_only_on_the_experts_turns(tmp_path) -> None:
 
 
 def test_linear_lr_schedule_decays_from_lr_to_lr_over_steps(tmp_path) -> None:
-    from types import SimpleNamespace
+    from trainer.optim import rl_learning_rate
 
     cfg = config(tmp_path / "lr", lr=1e-3, steps=4, lr_schedule="linear")
-    rates = [LocalTrainer.learning_rate(SimpleNamespace(config=cfg), k) for k in range(1, 5)]
+    rates = [rl_learning_rate(cfg, k) for k in range(1, 5)]
     assert rates == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
     constant = config(tmp_path / "lr", lr=1e-3, steps=4)
-    assert LocalTrainer.learning_rate(SimpleNamespace(config=constant), 4) == 1e-3
+    assert rl_learning_rate(constant, 4) == 1e-3
     with pytest.raises(TrainError, match="lr-schedule"):
         config(tmp_path / "lr", lr_schedule="cosine").validate()

@@ -30,8 +30,8 @@ def test_the_example_plugin_trains_with_opsd_credit_and_its_own_skill_note(tmp_p
     run.start()
     episodes = run.rollout()
     rows = run.rows(episodes)
-    sequences, _ = build_teacher_sequences(run.tokenizer, episodes, rows, credit, max_length=100_000)
-    teacher_text = run.tokenizer.decode(sequences[0].ids.tolist())
+    sequences, _ = build_teacher_sequences(run.state.tokenizer, episodes, rows, credit, max_length=100_000)
+    teacher_text = run.state.tokenizer.decode(sequences[0].ids.tolist())
     if method == "agentopsd":
         assert SKILL_NOTE in teacher_text  # the privileged note the plug-in wrote
     else:

@@ -19,7 +19,7 @@ def initial_state(tmp_path, **changes):
     """The state a run starts its updates from (its model before any update), and the finished run."""
     run = LocalTrainer(config(tmp_path, tiny_layers=2, steps=2, **changes), progress=False)
     run.setup()
-    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    before = {k: v.clone() for k, v in run.state.model.state_dict().items()}
     run = LocalTrainer(config(tmp_path, tiny_layers=2, steps=2, **changes), resume=True, progress=False)
     run.run()
     return before, run
@@ -27,27 +27,28 @@ def initial_state(tmp_path, **changes):
 
 def test_only_the_top_layers_train(tmp_path):
     before, run = initial_state(tmp_path / "top", train_layers=1)
-    after = run.model.state_dict()
+    after = run.state.model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.startswith(("model.layers.1.", "model.norm.")) for k in changed)
     assert not any(k.startswith("model.layers.0.") or "embed_tokens" in k for k in changed)
-    trained = {n for n, p in run.model.named_parameters() if p.requires_grad}
-    assert trained == {n for n, _ in run.model.named_parameters() if n.startswith(("model.layers.1.", "model.norm."))}
+    model = run.state.model
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == {n for n, _ in model.named_parameters() if n.startswith(("model.layers.1.", "model.norm."))}
 
 
 def test_lora_trains_only_adapters_and_saves_a_merged_plain_model(tmp_path):
     before, run = initial_state(tmp_path / "lora", lora_rank=4, lora_layers=1)
-    trained = {n for n, p in run.model.named_parameters() if p.requires_grad}
+    trained = {n for n, p in run.state.model.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in n and ".layers.1." in n for n in trained)
-    base_after = {k: v for k, v in run.model.state_dict().items() if "lora_" not in k}
+    base_after = {k: v for k, v in run.state.model.state_dict().items() if "lora_" not in k}
     assert all(torch.equal(before[k], v) for k, v in base_after.items())  # the base weights never move
     saved, tok = load_hf_policy(tmp_path / "lora" / "model", device="cpu")
     assert not any("lora" in n for n, _ in saved.named_parameters()) and type(saved).__name__ == "Qwen3ForCausalLM"
     ids = torch.tensor([tok("Task 1: write your first text.", add_special_tokens=False)["input_ids"]])
     with torch.no_grad():
-        adapted, merged = run.model(input_ids=ids).logits, saved.eval()(input_ids=ids).logits
-        plain = run.model.get_base_model()
-        with run.model.disable_adapter():
+        adapted, merged = run.state.model(input_ids=ids).logits, saved.eval()(input_ids=ids).logits
+        plain = run.state.model.get_base_model()
+        with run.state.model.disable_adapter():
             base = plain(input_ids=ids).logits
     assert_close_to_scale(merged, adapted, rel=1e-5, what="merged logits")
     assert float((adapted - base).abs().max()) > 1e-4  # the adapters changed the model: the merge carries it
@@ -74,13 +75,13 @@ def test_bf16_autocast_scores_near_float32_and_auto_follows_the_cpu(tmp_path):
     run = LocalTrainer(config(tmp_path / "ac", tiny_layers=2), progress=False)
     run.setup()
     torch.manual_seed(0)
-    ids = torch.randint(3, run.model.config.vocab_size, (2, 24))
+    ids = torch.randint(3, run.state.model.config.vocab_size, (2, 24))
     mask, score = torch.ones_like(ids), torch.ones_like(ids, dtype=torch.bool)
     score[:, 0] = False
     with torch.no_grad():
-        full = token_logprobs(run.model, ids, mask, score)
+        full = token_logprobs(run.state.model, ids, mask, score)
         with autocast_context("bf16", "cpu"):
-            half = token_logprobs(run.model, ids, mask, score)
+            half = token_logprobs(run.state.model, ids, mask, score)
     assert half.dtype == torch.float32 and not torch.equal(half, full)  # bf16 products, float32 log-probs
     assert_close_to_scale(half, full, rel=2e-2, what="bf16 log-probs")
     auto = autocast_context("auto", "cpu")
