@@ -50,7 +50,7 @@ $(OSTAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/agentgym-opsd demo
 
-# One pytest-xdist worker per core, at most 8 (each holds its own models and servers, up to 2.5 GB);
+# One pytest-xdist worker per core, at most 8 (each loads its own models and starts its own servers);
 # TEST_WORKERS=1: one process, in file order. tests/conftest.py says what each worker keeps to itself
 # (temporary folders, servers on free ports, its share of the CPUs for torch) and what the workers share
 # (the test cache, created safely under concurrency). worksteal: each worker starts on its own share of
