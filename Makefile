@@ -50,8 +50,16 @@ $(OSTAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/agentgym-opsd demo
 
+# One pytest-xdist worker per core, at most 8 (each loads its own models and starts its own servers);
+# TEST_WORKERS=1: one process, in file order. tests/conftest.py says what each worker keeps to itself
+# (temporary folders, servers on free ports, its share of the CPUs for torch) and what the workers share
+# (the test cache, created safely under concurrency). worksteal: each worker starts on its own share of
+# the files in order, and one that runs out takes tests from the end of another's, so a module's tests
+# mostly stay on one worker (its fixtures set up once) and no worker idles while others work.
+TEST_WORKERS ?= auto
+PARALLEL := -n $(TEST_WORKERS) --maxprocesses 8 --dist worksteal
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,$(PARALLEL))
 
 # ruff with the rules in pyproject.toml ([tool.ruff.lint]); CI runs it before the tests.
 lint: $(STAMP)

