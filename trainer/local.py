@@ -50,7 +50,7 @@ from trainer.credit import compute_advantages
 from trainer.credit_records import update_credit_records
 from trainer.forward import row_logprobs
 from trainer.loss import ppo_update
-from trainer.memory import peak_memory_gb, reset_peak_memory
+from trainer.memory import PhasePeaks
 from trainer.optim import rl_learning_rate, set_learning_rate
 from trainer.plots import plot_run
 from trainer.policy import PolicyLoadError, TinyModelSpec, load_policy, parameter_count
@@ -218,12 +218,11 @@ class LocalTrainer:
     def rl_step(self) -> dict[str, Any]:
         state = self.state
         started = time.perf_counter()
-        reset_peak_memory()
+        peaks = PhasePeaks()  # each phase's resident high-water mark, from its own start
         episodes = self.rollout()
         rollout_stats = state.rollout_agent.pop_stats()
         rollout_seconds = time.perf_counter() - started
-        peaks = {"rollout": peak_memory_gb()}  # each phase's resident high-water mark, from its own start
-        reset_peak_memory()
+        peaks.end("rollout")
         save_episodes(self.out / "episodes" / f"update_{state.step + 1:05d}.jsonl", episodes)
         for hook in self.hooks["after_rollout"]:
             hook(self, episodes)
@@ -242,13 +241,12 @@ class LocalTrainer:
             append_jsonl(self.out / "credit.jsonl", records)
         scoring_seconds = time.perf_counter() - t0
         ref_logp = self.logprobs(state.reference_model, rows) if state.reference_model is not None else None
-        peaks["scoring"] = peak_memory_gb()  # old log-probs, the teacher's forwards, the reference's
-        reset_peak_memory()
+        peaks.end("scoring")  # old log-probs, the teacher's forwards, the reference's
 
         t1 = time.perf_counter()
         update = self.update(rows, old_logp, advantages, ref_logp)
         update_seconds = time.perf_counter() - t1
-        peaks["update"] = peak_memory_gb()
+        peaks.end("update")
         state.step += 1
         if state.teacher_model is not None and state.step % self.credit.teacher_refresh == 0:
             state.teacher_model.load_state_dict(state.model.state_dict())
@@ -277,9 +275,7 @@ class LocalTrainer:
             "time/update_s": update_seconds,
             "time/step_s": time.perf_counter() - started,
         }
-        if None not in peaks.values():  # the process's resident high-water mark during this update, and per phase
-            record["memory/peak_gb"] = max(peaks.values())
-            record.update({f"memory/{phase}_peak_gb": peak for phase, peak in peaks.items()})
+        record.update(peaks.record())  # the update's resident high-water mark, and each phase's
 
         self.log(record)
         for hook in self.hooks["after_update"]:

@@ -67,3 +67,33 @@ def test_the_peak_after_a_reset_is_the_new_phase_s_own():
     assert seen["first"] > 0.2, seen  # the 256 MiB tensor raised the high-water mark
     if seen["reset"]:
         assert seen["second"] < 0.05, seen  # after the reset, the peak is the current size
+
+
+PHASES = """
+import json, torch
+import trainer.memory as memory
+if {fail}:
+    memory.reset_peak_memory = lambda: False  # a kernel without /proc/self/clear_refs
+peaks = memory.PhasePeaks()
+big = torch.ones(64 * 2**20)  # 256 MiB in the first phase, freed before the second
+del big
+peaks.end("first")
+small = torch.ones(2**20)
+peaks.end("second")
+print(json.dumps({{"record": peaks.record(), "resident": memory.resident_memory_gb()}}))
+"""
+
+
+@needs_proc
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_phase_peak_is_the_phase_s_own_or_absent(fail):
+    """Each phase's peak comes from a reset at its start; where the reset fails the record names the
+    lifetime peak as such and claims no phase peak (it would be the 256 MiB of the first phase again)."""
+    record = _run(PHASES.format(fail=fail))["record"]
+    if fail:
+        assert set(record) == {"memory/lifetime_peak_gb"} and record["memory/lifetime_peak_gb"] > 0.2
+        return
+    if "memory/lifetime_peak_gb" in record:  # this kernel cannot reset the mark: nothing else to check
+        pytest.skip("this kernel does not allow resetting the resident high-water mark")
+    assert record["memory/first_peak_gb"] - record["memory/second_peak_gb"] > 0.2, record
+    assert record["memory/peak_gb"] == record["memory/first_peak_gb"]
