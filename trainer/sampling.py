@@ -70,9 +70,9 @@ class HFPolicyAgent:
             guesses that agree with the draws save forwards, the ids and log-probs are the same (0: one
             token per forward).
 
-    `stats` counts prompts, prompt tokens, prefilled positions (the tokens run before the first draw,
-    padding included), decoded row-steps, generated tokens, turns cut at the cap, turns ended at the
-    action's closing tag and seconds spent.
+    `stats` counts prompts, prompt tokens, prefilled tokens (those run before a turn's first draw),
+    decoding forwards of a row (`decode_rows`), guessed tokens and the guesses that held, generated
+    tokens, turns cut at the cap, turns ended at the action's closing tag and seconds spent.
     `end_rollout()` frees the keys and values (the rollout loop calls it when a rollout ends).
     `state_dict()` / `load_state_dict()` save and restore the sampling generator (exact resume).
     """
@@ -110,7 +110,6 @@ class HFPolicyAgent:
         self.reuse_prefix = bool(reuse_prefix)
         self.draft_tokens = int(draft_tokens)
         self.stop_ids = end_of_turn_ids(tokenizer, model)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(seed))
@@ -305,17 +304,9 @@ class HFPolicyAgent:
         """One forward of each row's drawn token and guesses at its slot's next positions; returns per row
         the logits after each of them and its guesses."""
         rows = list(feed)
-        width = max(len(feed[i]) for i in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        positions = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, i in enumerate(rows):
-            n = len(feed[i])
-            input_ids[r, width - n:] = torch.tensor(feed[i], dtype=torch.long)
-            positions[r, width - n:] = torch.arange(turn.position[i], turn.position[i] + n)
         counts = [len(feed[i]) for i in rows]
-        flat = self._cache.forward(self.model, input_ids.to(self.device), positions.to(self.device),
-                                   [slots[i] for i in rows], [turn.position[i] for i in rows], counts,
-                                   every_position=True).float()
+        flat = self._cache.forward(self.model, [feed[i] for i in rows], [slots[i] for i in rows],
+                                   [turn.position[i] for i in rows], every_position=True, device=self.device).float()
         self.stats["decode_rows"] += len(rows)
         self.stats["guessed_tokens"] += sum(counts) - len(rows)
         out, at = {}, 0
@@ -387,9 +378,8 @@ class HFPolicyAgent:
             shared = _common_prefix([prompts[i] for i in new])
             if shared >= 2:
                 first = slots[new[0]]
-                self._cache.forward(self.model, torch.tensor([prompts[new[0]][:shared]], device=self.device),
-                                    torch.arange(shared, device=self.device)[None], [first], [0], [shared],
-                                    logits=False)
+                self._cache.forward(self.model, [prompts[new[0]][:shared]], [first], [0], logits=False,
+                                    device=self.device)
                 self._cache.copy_positions(first, [slots[i] for i in new[1:]], 0, shared)
                 self.stats["prefill_tokens"] += shared
                 for i in new:
@@ -400,16 +390,9 @@ class HFPolicyAgent:
                for i, (p, n) in enumerate(zip(prompts, reused, strict=True))]
         runs = sorted(set(rep))
         fresh = [prompts[i][reused[i]:] for i in runs]
-        width = max(len(f) for f in fresh)
-        input_ids = torch.full((len(runs), width), self.pad_id, dtype=torch.long)
-        positions = torch.zeros((len(runs), width), dtype=torch.long)
-        for r, (i, f) in enumerate(zip(runs, fresh, strict=True)):
-            input_ids[r, width - len(f):] = torch.tensor(f, dtype=torch.long)
-            positions[r, width - len(f):] = torch.arange(reused[i], reused[i] + len(f))
-        logits = self._cache.forward(self.model, input_ids.to(self.device), positions.to(self.device),
-                                     [slots[i] for i in runs], [reused[i] for i in runs],
-                                     [len(f) for f in fresh]).float()
-        self.stats["prefill_tokens"] += len(runs) * width
+        logits = self._cache.forward(self.model, fresh, [slots[i] for i in runs], [reused[i] for i in runs],
+                                     device=self.device).float()
+        self.stats["prefill_tokens"] += sum(len(f) for f in fresh)
         for i, r in enumerate(rep):
             if r != i:
                 self._cache.copy_positions(slots[r], [slots[i]], reused[i], len(prompts[i]))

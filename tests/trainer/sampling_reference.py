@@ -24,6 +24,7 @@ class ReferenceSampler(HFPolicyAgent):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._prefixes: dict[str, tuple[list[int], list]] = {}
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
 
     def act_batch(self, messages, infos, envs):
         live = {getattr(info.get("step"), "episode_id", None) for info in infos}
