@@ -61,6 +61,7 @@ from trainer.run_state import (
     policy_agent,
     policy_rows,
     rollout_agent,
+    sampling_context,
     trainable_policy,
 )
 from trainer.sampling import HFPolicyAgent
@@ -321,7 +322,7 @@ class LocalTrainer:
             for j, s in enumerate(seeds)
             for i in range(cfg.group_size)
         ]
-        with self.compute():
+        with sampling_context(cfg, state.rollout_agent):
             episodes = run_episodes(
                 self.make_env, state.rollout_agent, requests, num_envs=cfg.num_envs or len(requests),
                 context=cfg.context, progress=f"rollout {update}" if self.progress else False,
@@ -398,7 +399,7 @@ class LocalTrainer:
         seeds = list(cfg.eval_seeds) if cfg.eval_seeds else [cfg.eval_seed + i for i in range(cfg.eval_episodes)]
         requests = [EpisodeRequest(seed=int(s), episode_id=f"eval{step}-{i}") for i, s in enumerate(seeds)]
         started = time.perf_counter()
-        with self.compute():
+        with sampling_context(cfg, agent):
             episodes = run_episodes(
                 self.make_eval_env, agent, requests, num_envs=cfg.num_envs or min(64, len(requests)),
                 context=cfg.context, progress=f"eval @ {step}" if self.progress else False,

@@ -33,6 +33,7 @@ __all__ = [
     "PolicyLoadError",
     "TinyModelSpec",
     "own_aligned_storage",
+    "resolve_autocast",
     "build_tiny_model",
     "end_of_turn_ids",
     "load_hf_policy",
@@ -130,24 +131,33 @@ def cpu_has_fast_bf16() -> bool:
     return False
 
 
+def resolve_autocast(name: str, device) -> str:
+    """`bf16` or `none`: what an `--autocast` setting means on `device` (`auto`: bf16 on a CPU with
+    native bf16 units, none otherwise; on CUDA the weights are already bf16 by `resolve_dtype`)."""
+    import torch
+
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if name == "auto":
+        return "bf16" if device.type == "cpu" and cpu_has_fast_bf16() else "none"
+    if name not in ("bf16", "none"):
+        raise PolicyLoadError(f"autocast {name!r}: use none, bf16 or auto")
+    return name
+
+
 def autocast_context(name: str, device):
     """The context a run computes in: `bf16` autocast (matrix products in bfloat16, float32 weights),
-    `none`, or `auto` (bf16 on a CPU with native bf16 units, none otherwise; on CUDA the weights are
-    already bf16 by `resolve_dtype`)."""
+    `none`, or `auto` (see `resolve_autocast`)."""
     import contextlib
 
     import torch
 
     device = torch.device(device) if not isinstance(device, torch.device) else device
-    if name == "auto":
-        name = "bf16" if device.type == "cpu" and cpu_has_fast_bf16() else "none"
+    name = resolve_autocast(name, device)
     if name == "none":
         return contextlib.nullcontext()
-    if name == "bf16":
-        # cache_enabled=False: a cached bf16 copy of a weight would outlive the optimizer steps taken
-        # inside one context (an SFT epoch), and the forwards would not see the updates.
-        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
-    raise PolicyLoadError(f"autocast {name!r}: use none, bf16 or auto")
+    # cache_enabled=False: a cached bf16 copy of a weight would outlive the optimizer steps taken inside
+    # one context (an SFT epoch), and the forwards would not see the updates.
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
 
 
 def end_of_turn_ids(tokenizer, model=None) -> list[int]:

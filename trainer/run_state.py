@@ -27,7 +27,7 @@ import torch
 from trainer.config import TrainConfig, TrainError
 from trainer.memory import release_freed_memory
 from trainer.optim import make_optimizer
-from trainer.policy import autocast_context
+from trainer.policy import autocast_context, resolve_autocast
 from trainer.rows import build_rows
 from trainer.sampling import HFPolicyAgent
 from trainer.trainable import TrainableError, select_trainable
@@ -122,6 +122,30 @@ def compute_context(config: TrainConfig, model):
         with autocast_context(config.autocast, next(model.parameters()).device):
             yield
     finally:
+        release_freed_memory()
+
+
+@contextmanager
+def sampling_context(config: TrainConfig, agent: HFPolicyAgent):
+    """The context an agent of the run samples in. Where the run computes in bf16 autocast on a CPU, the
+    agent samples with a bfloat16 copy of its model, made once for the block, outside autocast: autocast
+    runs with its weight cache off (`trainer.policy.autocast_context`), so it would cast every weight at
+    every decoding step. Elsewhere (float32, or CUDA, whose weights are bf16 already) the run's own
+    `compute_context`. The updates still train float32 weights and recompute the old log-probs in the
+    run's context, so the copy changes what is sampled by rounding only."""
+    model = agent.model
+    device = next(model.parameters()).device
+    if resolve_autocast(config.autocast, device) != "bf16" or device.type != "cpu":
+        with compute_context(config, model):
+            yield
+        return
+    copy_ = copy.deepcopy(model).to(torch.bfloat16)
+    agent.model = copy_
+    try:
+        yield
+    finally:
+        agent.model = model
+        del copy_
         release_freed_memory()
 
 

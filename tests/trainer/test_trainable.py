@@ -8,6 +8,7 @@ import torch
 from test_local_train import config
 from tolerances import assert_close_to_scale
 
+from agentgym_opsd.io import read_jsonl
 from trainer.local import LocalTrainer, TrainError
 from trainer.policy import autocast_context, cpu_has_fast_bf16, load_hf_policy
 from trainer.trainable import TrainableError, select_trainable
@@ -102,3 +103,28 @@ def test_weights_updated_inside_one_autocast_context_are_seen_by_the_next_forwar
         second = layer(x)
     assert first.dtype == torch.bfloat16  # the product ran in bf16
     assert float((second - first).abs().max()) > 1.0  # the step moved the weights, and the forward saw it
+
+
+def test_a_bf16_run_samples_with_a_bf16_copy_and_trains_float32_weights(tmp_path, monkeypatch):
+    """Under bf16 autocast on a CPU the rollout samples with a bfloat16 copy of the policy (autocast,
+    with its weight cache off, would cast every weight at every decoding step): the sampled log-probs
+    agree with the old log-probs recomputed under autocast to bf16 rounding, and the policy's own
+    weights stay float32."""
+    from test_local_train import ParityEnv  # noqa: F401  (registers the env)
+
+    from trainer.sampling import HFPolicyAgent
+
+    seen = []
+    sample = HFPolicyAgent._sample
+
+    def spy(agent, *args, **kwargs):
+        seen.append((next(agent.model.parameters()).dtype, torch.is_autocast_enabled("cpu")))
+        return sample(agent, *args, **kwargs)
+
+    monkeypatch.setattr(HFPolicyAgent, "_sample", spy)
+    run = LocalTrainer(config(tmp_path / "bf16", tiny_layers=2, steps=1, autocast="bf16"), progress=False)
+    run.run()
+    assert seen and set(seen) == {(torch.bfloat16, False)}
+    assert all(p.dtype == torch.float32 for p in run.state.model.parameters())
+    record = [r for r in read_jsonl(tmp_path / "bf16" / "metrics.jsonl") if r["kind"] == "train"][-1]
+    assert 0 < record["rollout/logprob_gap"] < 0.05  # bf16 rounding, not another policy
