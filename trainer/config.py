@@ -46,6 +46,8 @@ class TrainConfig:
             teacher's privileged contexts (a literate teacher, `trainer.warm_start`), which
             `sft_privileged_context` picks: `both`, `hindsight` (StepOPSD) or `skills` (AgentOPSD).
         steps, tasks_per_step, group_size: updates, and T tasks x G episodes per update.
+        train_seeds: the reset seeds of the tasks the updates play, T per update in this order (cycling);
+            empty: T seeds drawn at random for each update (a fixed list trains on a fixed set of tasks).
         lr, weight_decay, max_grad_norm, clip_eps, kl_coef, ppo_epochs, mini_batches, micro_batch_tokens:
             the update (ppo_epochs x mini_batches optimizer steps per batch of rollouts).
         lr_schedule: "constant", or "linear": update k of `steps` uses lr x (steps - k + 1) / steps
@@ -104,6 +106,7 @@ class TrainConfig:
     eval_seed: int = 0
     eval_temperature: float = 0.0
     eval_seeds: list[int] = field(default_factory=list)
+    train_seeds: list[int] = field(default_factory=list)
     eval_before: bool = True
     save_every: int = 1
     num_envs: int = 0
@@ -128,6 +131,8 @@ class TrainConfig:
                      "micro_batch_tokens", "sft_batch_tokens", "sft_epochs"):
             if getattr(self, name) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1")
+        if any(not isinstance(seed, int) or isinstance(seed, bool) or seed < 0 for seed in self.train_seeds):
+            raise TrainError(f"train_seeds must be non-negative integers, got {self.train_seeds!r}")
         if self.save_every < 0:
             raise TrainError("--save-every must be >= 0 (0: no checkpoints, so no --resume)")
         if self.eval_every < 0:

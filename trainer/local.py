@@ -315,8 +315,12 @@ class LocalTrainer:
         cfg, state = self.config, self.state
         if state.rollout_agent is None:
             state.rollout_agent = rollout_agent(state.model, state.tokenizer, cfg)
-        seeds = state.rng.integers(0, 2**31 - 1, size=cfg.tasks_per_step)
         update = state.step + 1
+        if cfg.train_seeds:  # a fixed list of tasks, T per update in order
+            first = state.step * cfg.tasks_per_step
+            seeds = [cfg.train_seeds[(first + j) % len(cfg.train_seeds)] for j in range(cfg.tasks_per_step)]
+        else:
+            seeds = state.rng.integers(0, 2**31 - 1, size=cfg.tasks_per_step)
         requests = [
             EpisodeRequest(seed=int(s), episode_id=f"u{update}-t{j}-g{i}", group=f"u{update}-t{j}")
             for j, s in enumerate(seeds)

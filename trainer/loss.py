@@ -90,7 +90,8 @@ def ppo_update(model, optimizer, rows, old_logp: torch.Tensor, advantages: torch
         return {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "ratio_mean": 1.0,
                 "entropy": 0.0, "optimizer_steps": 0, "update/tokens": 0, "update/tokens_per_s": 0.0}
     started = time.perf_counter()
-    totals = dict.fromkeys(("pg", "kl", "clipped", "ratio", "entropy", "tokens", "grad_norm"), 0.0)
+    totals = dict.fromkeys(("pg", "kl", "clipped", "ratio", "entropy", "tokens", "grad_norm", "floor", "floor_tokens"),
+                           0.0)
     steps = 0
     shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     for _ in range(cfg.ppo_epochs):
@@ -114,6 +115,9 @@ def ppo_update(model, optimizer, rows, old_logp: torch.Tensor, advantages: torch
                 new, entropy = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mask,
                                               temperature=temperature, with_entropy=True, share_prefix=True)
                 pg, clipped, ratio = clipped_pg_loss(new, old, adv, mask, cfg.clip_eps)
+                if steps == 0:  # no step taken yet: new and old are the same policy through two code paths
+                    totals["floor"] += float((kl_k3(old, new.detach()) * mask).sum())
+                    totals["floor_tokens"] += int(mask.sum())
                 loss = pg / n_tokens
                 if ref_logp is not None:
                     kl = (kl_k3(new, ref_logp[idx, :width].to(model.device)) * mask).sum()
@@ -143,6 +147,8 @@ def ppo_update(model, optimizer, rows, old_logp: torch.Tensor, advantages: torch
     processed = int(totals["tokens"])
     stats["kl_old_new"] = _kl_old_new(model, rows, old_logp, micro_batch_tokens=cfg.micro_batch_tokens,
                                       temperature=temperature)
+    # the KL that rounding alone shows: the old log-probs against the training forward's before any step
+    stats["kl_floor"] = totals["floor"] / max(1.0, totals["floor_tokens"])
     stats["update/tokens"] = int(mask_all.sum())
     stats["update/tokens_per_s"] = processed / max(1e-9, time.perf_counter() - started)
     return stats

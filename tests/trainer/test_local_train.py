@@ -12,6 +12,7 @@ import torch
 import trainer.credit as credit_core
 from agentgym_opsd import Hindsight, TextEnv, Transition, hash_state, register_env
 from agentgym_app.cli import main
+from agentgym_opsd.episode import load_episodes
 from agentgym_opsd.io import read_jsonl
 from trainer.local import LocalTrainer, TrainConfig, TrainError
 from trainer.loss import clipped_pg_loss, micro_batches
@@ -366,3 +367,20 @@ def test_linear_lr_schedule_decays_from_lr_to_lr_over_steps(tmp_path) -> None:
     assert rl_learning_rate(constant, 4) == 1e-3
     with pytest.raises(TrainError, match="lr-schedule"):
         config(tmp_path / "lr", lr_schedule="cosine").validate()
+
+
+def test_a_fixed_list_of_tasks_is_played_in_order_and_the_kl_floor_is_rounding(tmp_path) -> None:
+    """`train_seeds` makes every update play the same tasks (T per update, cycling through the list);
+    `kl_floor` is the KL between the old log-probs and the update's own first forward, before any
+    optimizer step: the same policy through two code paths, so rounding, far below what a step moves."""
+    run = LocalTrainer(config(tmp_path, steps=3, tasks_per_step=2, train_seeds=[2, 0, 1], eval_episodes=0,
+                              mini_batches=2), progress=False)
+    run.run()
+    tasks = [sorted({e.task_id for e in load_episodes(tmp_path / "episodes" / f"update_{u:05d}.jsonl")})
+             for u in (1, 2, 3)]
+    assert tasks == [["parity-0", "parity-2"], ["parity-1", "parity-2"], ["parity-0", "parity-1"]]
+    updates = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    assert all(0 <= r["kl_floor"] < 1e-6 for r in updates)
+    assert all(r["kl_old_new"] > 100 * max(r["kl_floor"], 1e-9) for r in updates)
+    with pytest.raises(TrainError, match="train_seeds"):
+        config(tmp_path / "bad", train_seeds=[-1]).validate()
