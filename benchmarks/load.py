@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO, SHARED_DATA, percentile
+from benchmarks.retrieval_load import start_together
 
 TOPK = 3
 
@@ -167,9 +168,9 @@ def _client(host: str, port: int, work: list[tuple[str, list[str]]], topk: int, 
 
 
 def _client_threads(host: str, port: int, works: list[list[tuple[str, list[str]]]], topk: int, seconds: float,
-                    start_at: float, queue: Any = None) -> list:  # fmt: skip
-    while time.time() < start_at:  # every process starts at once
-        time.sleep(0.001)
+                    ready: Any = None, queue: Any = None) -> list:  # fmt: skip
+    if ready is not None:
+        ready.wait()  # every process starts at once, once all have started
     deadline = time.perf_counter() + seconds
     out: list = []
     threads = [threading.Thread(target=_client, args=(host, port, w, topk, deadline, out)) for w in works]
@@ -209,16 +210,17 @@ def run_server_load(
         sampler.__enter__()
     try:
         if processes <= 0:
-            outs = _client_threads(host, port, works, topk, seconds, time.time())
+            outs = _client_threads(host, port, works, topk, seconds)
         else:
             ctx = mp.get_context("spawn")
             queue = ctx.Queue()
-            start_at = time.time() + 1.0 + 0.5 * processes
+            ready = ctx.Barrier(processes + 1)
             procs = [ctx.Process(target=_client_threads,
-                                 args=(host, port, works[p::processes], topk, seconds, start_at, queue))
+                                 args=(host, port, works[p::processes], topk, seconds, ready, queue))
                      for p in range(processes)]  # fmt: skip
             for p in procs:
                 p.start()
+            start_together(ready, procs)
             outs = [o for _ in procs for o in queue.get(timeout=seconds + 120)]
             for p in procs:
                 p.join(30)
