@@ -20,6 +20,10 @@ import tracemalloc
 import zlib
 from importlib import metadata
 
+from environments.alfworld import compiled
+from environments.alfworld.env import AlfWorldEnv
+from environments.alfworld.grammar import TextWorldImports
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -28,10 +32,6 @@ def main() -> int:
 
     import mementos.core
     from fast_downward.interface import DOWNWARD_LIB_PATH
-
-    from environments.alfworld import compiled
-    from environments.alfworld.env import AlfWorldEnv
-    from environments.alfworld.grammar import TextWorldImports
 
     sizes = {"train": args.games_per_type, "valid_seen": 1, "valid_unseen": 1}
     env = AlfWorldEnv(split="train", panel_size=sizes, progress=True)

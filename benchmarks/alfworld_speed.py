@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 
 from benchmarks.common import SHARED_DATA
+from environments.alfworld.compiled import compile_game, forget_compiled_games
+from environments.alfworld.engine import AlfredEngine
+from environments.alfworld.env import AlfWorldEnv
 
 SHARED_GAME_ROOT = SHARED_DATA / "alfworld"
 os.environ.setdefault("ALFWORLD_DATA", str(Path(tempfile.gettempdir()) / "agentgym-opsd-alfworld-data"))
@@ -66,8 +69,6 @@ def record_actions(env, seed: int, random_steps: int, rng: random.Random) -> lis
 def compare_threads(plans, thread_counts: list[int], rounds: int = 3) -> None:
     """Steps per second when the games' replays run on a pool of N threads (one env per game)."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from environments.alfworld.env import AlfWorldEnv
 
     jobs = []
     for env, index, _, actions in plans:
@@ -137,8 +138,6 @@ def replay_plans(args):
     """The games (the first `--games-per-type` of each type in the embedded panel's split, plus the real
     ALFWorld game when ../shared/data has it) and a fixed command sequence for each: (plans, the real
     game's env or None)."""
-    from environments.alfworld.env import AlfWorldEnv
-
     rng = random.Random(0)
     sets = []
     embedded = AlfWorldEnv(split=args.split, progress=True)
@@ -164,9 +163,6 @@ def replay_plans(args):
 def first_and_cold_resets(plans) -> tuple[list[float], list[float]]:
     """Reset seconds per game: at a game's first use ever (fast-downward translates it), and in a new
     process (empty in-process cache, the translation read from the disk cache: what a new worker sees)."""
-    from environments.alfworld.compiled import compile_game, forget_compiled_games
-    from environments.alfworld.engine import AlfredEngine
-
     first = []
     probe = AlfredEngine()
     for _, _, game_file, _ in plans:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.io import atomic_write_bytes
+
 __all__ = ["REPO", "SHARED_DATA", "git_commit", "load_average", "percentile", "save_png", "timed"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,8 +58,6 @@ def save_png(fig, path: Path, *, dpi: int = 120, metadata: dict | None = None) -
     """A matplotlib figure to `path` as PNG, written atomically (a result file is complete or absent),
     and the figure closed."""
     import matplotlib.pyplot as plt
-
-    from agentgym_opsd.io import atomic_write_bytes
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, metadata=metadata)

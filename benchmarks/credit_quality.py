@@ -72,8 +72,14 @@ from typing import Any
 
 import numpy as np
 
+import agentgym_opsd
+from agentgym_opsd.episode import load_episodes, save_episodes
+from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from agentgym_opsd.registry import UnknownEnvError, entry
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from benchmarks.common import git_commit
-from trainer.recipes import PICK_ENV, PICK_TINY, TINY_QWEN3
+from trainer.config import TrainConfig
+from trainer.credit import compute_advantages
 from trainer.credit_auc import (
     EpisodeItems,
     beyond_auc,
@@ -83,6 +89,16 @@ from trainer.credit_auc import (
     side_items,
     within_auc,
 )
+from trainer.env_knowledge import SKILLS_DIR, credit_config, skill_text
+from trainer.forward import row_logprobs
+from trainer.local import LocalTrainer
+from trainer.models import is_named_model, resolve_model
+from trainer.policy import PolicyLoadError, load_hf_policy, load_policy
+from trainer.recipes import PICK_ENV, PICK_TINY, TINY_QWEN3
+from trainer.rows import build_rows
+from trainer.sampling import HFPolicyAgent
+from trainer.teacher import hindsight_block, peer_episodes, score_teacher
+from trainer.warm_start import PerturbedExpert
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,8 +184,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     except ValueError as e:
         ap.error(str(e))
     if args.model != "tiny":
-        from trainer.models import is_named_model
-
         if not is_named_model(args.model) and not (Path(args.model) / "config.json").is_file():
             ap.error(
                 f"--model {args.model}: not `tiny`, a named model (smollm2-135m) or a model folder (no config.json)")
@@ -186,7 +200,6 @@ def selected_families(family: str | None, envs: Sequence[str] | None) -> list[Fa
     if not envs:
         names = list(FAMILIES) if family == "all" else [family or "alfworld"]
         return [FAMILIES[n] for n in names]
-    from agentgym_opsd.registry import UnknownEnvError, entry
 
     out = []
     for env_id in envs:
@@ -251,9 +264,6 @@ def placebo_note_text(spec: FamilySpec, task_type: str | None, exclude: Sequence
     """Another family's skill note of the length closest to the family's own note for `task_type` (to the
     empty note where the family has none; to the general note for `task_type` None), other than the
     sources in `exclude`. Returns (the note, `family:task type` it comes from)."""
-    from agentgym_opsd.registry import entry
-    from trainer.env_knowledge import SKILLS_DIR
-
     if task_type is None:
         own_len = len((Path(SKILLS_DIR) / "general.txt").read_text(encoding="utf-8").strip())
     else:
@@ -278,9 +288,6 @@ def write_placebo_notes(folder: Path, spec: FamilySpec, task_types: Sequence[str
     """A `skills_dir` (`CreditConfig.skills_dir`) whose note is a placebo: per task type, another family's
     note in place of the family's; with `general`, another one in place of the project's general note too
     (no project text left). Returns {task type or "general": the source of its note}."""
-    from agentgym_opsd.io import atomic_write_text
-    from trainer.env_knowledge import SKILLS_DIR
-
     sources = {}
     if general:
         text, sources["general"] = placebo_note_text(spec, None)
@@ -300,8 +307,6 @@ def write_placebo_notes(folder: Path, spec: FamilySpec, task_types: Sequence[str
 def _tensor_file_write(path: Path, payload: dict) -> None:
     import torch
 
-    from agentgym_opsd.io import atomic_write_bytes
-
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     atomic_write_bytes(path, buffer.getvalue())
@@ -318,9 +323,6 @@ def rows_digest(rows) -> str:
 def context_digest(episodes, config, rows_hash: str) -> str:
     """A fingerprint of what a teacher pass reads: the rows, and the privileged text each episode gets (the
     hindsight blocks with their peers, or the skill notes), so that a changed placebo is never read from the cache."""
-    from trainer.env_knowledge import skill_text
-    from trainer.teacher import hindsight_block, peer_episodes
-
     h = hashlib.sha256(rows_hash.encode())
     if config.method == "agentopsd":
         for e in episodes:
@@ -373,22 +375,17 @@ def model_fingerprint(path: Path) -> str:
 
 def load_model(args, out: Path, progress: bool):
     """(model, tokenizer, label, folder, seconds): the tiny warm start (trained and cached here), or the model named."""
-    from trainer.policy import PolicyLoadError, load_hf_policy, load_policy
-
     started = time.perf_counter()
     if args.model != "tiny":
         try:
             model, tokenizer = load_hf_policy(args.model, device="cpu")
         except PolicyLoadError as e:
             raise SystemExit(f"credit_quality.py: error: {e}") from None
-        from trainer.models import resolve_model
 
         folder = resolve_model(args.model, progress=progress)
         label = args.model if not Path(args.model).exists() else Path(args.model).resolve().name
         model.eval()
         return model, tokenizer, label, folder, time.perf_counter() - started
-    from trainer.config import TrainConfig
-    from trainer.local import LocalTrainer
 
     warm = out / f"warmstart-{args.warm_start}-{args.train_games}games"
     if not (warm / "model" / "config.json").exists():
@@ -421,10 +418,6 @@ def family_settings(args, spec: FamilySpec) -> dict[str, Any]:
 
 
 def play_episodes(settings: dict, model, tokenizer, progress: bool) -> list:
-    import agentgym_opsd
-    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-    from trainer.warm_start import PerturbedExpert
-
     env_id, options = settings["env"], settings["options"]
     make_env = lambda: agentgym_opsd.make(env_id, **options, turn_labels=True)  # noqa: E731
     g = settings["group_size"]
@@ -434,8 +427,6 @@ def play_episodes(settings: dict, model, tokenizer, progress: bool) -> list:
     episodes = run_episodes(make_env, expert, requests, num_envs=min(len(requests), 16), context="full",
                             progress="expert with detours" if progress else False)
     if settings["policy_episodes"]:
-        from trainer.sampling import HFPolicyAgent
-
         agent = HFPolicyAgent(model, tokenizer, max_new_tokens=64, temperature=1.0, seed=settings["seed"],
                               name="policy")
         more = [EpisodeRequest(seed=60_000 + t, episode_id=f"p{t}-g{i}", group=f"p{t}")
@@ -477,8 +468,6 @@ class FamilyScores:
 
 def family_cache(args, spec: FamilySpec, model_label: str, model_folder: Path, out: Path) -> tuple[dict, Path]:
     """(the family's settings, the cache folder of this model and those settings)."""
-    from agentgym_opsd.io import atomic_write_json
-
     settings = family_settings(args, spec)
     key = {"model": model_fingerprint(model_folder), **settings}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
@@ -490,8 +479,6 @@ def family_cache(args, spec: FamilySpec, model_label: str, model_folder: Path, o
 
 def family_episodes(spec: FamilySpec, settings: dict, cache: Path, model, tokenizer, log, progress: bool) -> list:
     """1. The family's episodes, played once and cached."""
-    from agentgym_opsd.episode import load_episodes, save_episodes
-
     episodes_file = cache / "episodes.jsonl"
     if episodes_file.is_file():
         episodes = load_episodes(episodes_file)
@@ -506,8 +493,6 @@ def family_episodes(spec: FamilySpec, settings: dict, cache: Path, model, tokeni
 
 def teacher_contexts(spec: FamilySpec, episodes: list, cache: Path) -> tuple[dict, dict]:
     """Each privileged context's (episodes, credit config), and where the placebo notes come from."""
-    from trainer.env_knowledge import credit_config
-
     contexts = {
         "full": (episodes, credit_config(spec.env, "stepopsd", span_mode="clean_step", **LIVE)),
         "outcome": (episodes, credit_config(spec.env, "stepopsd", span_mode="clean_step", hindsight_reference=False,
@@ -529,11 +514,6 @@ def score_family(args, spec: FamilySpec, episodes: list, model, tokenizer, cache
     RLSD), and 3. the student's and every teacher context's log-probs, each once (cached)."""
     import torch
     from tqdm.auto import tqdm
-
-    from trainer.env_knowledge import credit_config
-    from trainer.forward import row_logprobs
-    from trainer.rows import build_rows
-    from trainer.teacher import score_teacher
 
     action_mode = credit_config(spec.env, "stepopsd").span_mode
     rows_for = {"clean_step": build_rows(episodes, tokenizer, span_mode="clean_step")}
@@ -579,9 +559,6 @@ def credit_items(spec: FamilySpec, scores: FamilyScores, tokenizer, progress: bo
     """4. Every method's credit from the passes (`compute_advantages(..., return_parts=True)`), as the
     per-episode items the AUCs read."""
     from tqdm.auto import tqdm
-
-    from trainer.credit import compute_advantages
-    from trainer.env_knowledge import credit_config
 
     episodes, clean, action_rows = scores.episodes, scores.clean, scores.action_rows
     student = scores.passes["student"]["logprobs"]
@@ -649,14 +626,14 @@ def auc_tables(args, episodes: list, items: dict[str, EpisodeItems]) -> tuple[di
     results: dict[str, dict[str, dict]] = {}
 
     def add_row(row: str, turn_items: list | None, token_items: list | None):
-        entry = {}
+        cells = {}
         for side in ("success", "failure"):
             if turn_items is not None:
-                entry[f"turn/{side}/within"] = cell(row, f"turn/{side}/within", within_auc,
+                cells[f"turn/{side}/within"] = cell(row, f"turn/{side}/within", within_auc,
                                                     side_items(turn_items, success, side))
             if token_items is not None and any(side_items(token_items, success, side)):
-                entry[f"token/{side}"] = cell(row, f"token/{side}", pooled_auc, side_items(token_items, success, side))
-        results[row] = entry
+                cells[f"token/{side}"] = cell(row, f"token/{side}", pooled_auc, side_items(token_items, success, side))
+        results[row] = cells
 
     for name, it in items.items():
         budgeted = name.startswith("stepopsd") and name != "stepopsd-nobudget"  # judged at token level only
@@ -667,14 +644,14 @@ def auc_tables(args, episodes: list, items: dict[str, EpisodeItems]) -> tuple[di
     confidence: dict[str, dict] = {}
     for row, source in EVIDENCE_ROWS.items():
         label = row.removeprefix("evidence: ")
-        entry, confidence[label] = {}, {}
+        cells, confidence[label] = {}, {}
         for side in ("success", "failure"):
             paired = side_items(items[source].paired, success, side)
             point, b_point = beyond_auc(paired, ones)
             spread, b_draws = beyond_auc(paired, draws)
             column = f"turn/{side}/within"
             raw.setdefault(f"beyond lp_S: {label}", {})[column] = np.concatenate([point, spread])
-            entry[column] = interval(point[0], spread, n_side[side])
+            cells[column] = interval(point[0], spread, n_side[side])
             flat = np.array([t for item in paired if item is not None for t in zip(item[0], item[1], strict=True)])
             if len(flat) >= 3 and flat[:, 1].std() > 0:
                 finite = b_draws[np.isfinite(b_draws)]
@@ -682,7 +659,7 @@ def auc_tables(args, episodes: list, items: dict[str, EpisodeItems]) -> tuple[di
                     "r": float(np.corrcoef(flat[:, 0], flat[:, 1])[0, 1]), "b": float(b_point[0]),
                     "b_low": float(np.percentile(finite, 2.5)) if len(finite) else None,
                     "b_high": float(np.percentile(finite, 97.5)) if len(finite) else None}
-        results[f"beyond lp_S: {label}"] = entry
+        results[f"beyond lp_S: {label}"] = cells
     add_row("student log-prob", items["stepopsd"].student, items["stepopsd"].token_student)
     differences = {}
     for a, b in COMPARISONS:
@@ -714,8 +691,8 @@ def family_table(args, spec: FamilySpec, settings: dict, scores: FamilyScores, m
             return "-"
         return f"{v['auc']:.2f} [{v['low']:.2f}, {v['high']:.2f}]"
 
-    for name, entry in results.items():
-        lines.append(f"{name:<36}" + "".join(f"{show(entry.get(c)):>22}" for c in COLUMNS))
+    for name, cells in results.items():
+        lines.append(f"{name:<36}" + "".join(f"{show(cells.get(c)):>22}" for c in COLUMNS))
     lines.append("paired differences (same draws):")
     for name, v in differences.items():
         a_b, column = name.split(" | ")
@@ -755,8 +732,6 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
     """One family, steps 1-5 of the module docstring: its report (also written as
     OUT/credit_quality-<model>-<family>.json and .txt)."""
     from tqdm.auto import tqdm
-
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text
 
     started = time.perf_counter()
     load_before, commit = os.getloadavg(), git_commit()
@@ -847,8 +822,6 @@ def goals(report: dict) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
-
-    import agentgym_opsd
 
     torch.set_num_threads(args.threads)
     agentgym_opsd.load_plugins()

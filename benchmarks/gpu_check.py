@@ -20,15 +20,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import agentgym_opsd
+from agentgym_opsd.registry import registered_envs
+from trainer.local import LocalTrainer, TrainConfig
+from trainer.policy import parameter_count
+
 DEFAULT_ENV = "agentgym/ALFWorld-Pick-v0"
 
 
 def pick_env(requested: str | None) -> tuple[str, dict]:
     """(env id, its options): `requested`, or ALFWorld Pick with its defaults; an id nobody registered exits
     with a message."""
-    import agentgym_opsd
-    from agentgym_opsd.registry import registered_envs
-
     agentgym_opsd.load_plugins()
     ids = {e.id for e in registered_envs()}
     env_id = requested or DEFAULT_ENV
@@ -65,9 +67,6 @@ def main() -> int:
         args.tasks_per_step, args.group_size, args.max_new_tokens = 2, 2, min(args.max_new_tokens, 8)
     else:
         device, dtype = "cuda", "bfloat16"
-
-    from trainer.local import LocalTrainer, TrainConfig
-    from trainer.policy import parameter_count
 
     env_id, env_options = pick_env(args.env)
     out = Path(args.out or tempfile.mkdtemp(prefix="gpu_check-"))

@@ -7,12 +7,12 @@ win it by recalling the training game. `twin_free_seeds` lists the held-out game
 
 from __future__ import annotations
 
+import agentgym_opsd
+
 
 def twin_free_seeds(env_id: str, train_options: dict, eval_options: dict, n_eval: int) -> tuple[list[int], int]:
     """The first `n_eval` held-out games' reset seeds, minus the games whose (goal, expert plan) is
     also a training game's; and how many were dropped."""
-    import agentgym_opsd
-
     def key(env, seed):
         env.reset(seed=seed)
         lines = env.unwrapped.hindsight().reference.splitlines()

@@ -51,8 +51,17 @@ from pathlib import Path
 
 import numpy as np
 
+import agentgym_opsd
+from agentgym_opsd.episode import load_episodes
+from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_jsonl
 from agentgym_opsd.summary import wilson_interval as wilson
+from agentgym_opsd.usage import parse_options
 from benchmarks.held_out_games import twin_free_seeds
+from trainer.config import TrainConfig
+from trainer.credit.config import METHODS
+from trainer.local import LocalTrainer
+from trainer.models import is_named_model
+from trainer.plots import plot_comparison
 from trainer.recipes import (
     PICK_ENV,
     PICK_REAL,
@@ -117,8 +126,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not tiny:
-        from trainer.models import is_named_model
-
         if not is_named_model(args.model) and not (Path(args.model) / "config.json").is_file():
             ap.error(f"--model {args.model}: not a named model (smollm2-135m) nor a model folder (no config.json)")
     if args.out is None:
@@ -224,9 +231,6 @@ def rl_run(config_fields: dict, progress: bool) -> float:
     in a worker process when --jobs > 1 (each run is seeded and single-threaded: the same result either way)."""
     import torch
 
-    from trainer.config import TrainConfig
-    from trainer.local import LocalTrainer
-
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     config = TrainConfig(**config_fields)
@@ -237,8 +241,6 @@ def rl_run(config_fields: dict, progress: bool) -> float:
 
 def final_outcomes(run_dir: Path, step: int) -> list[int]:
     """Success (0/1) per held-out game, in seed order, at update `step`."""
-    from agentgym_opsd.episode import load_episodes
-
     episodes = load_episodes(run_dir / "episodes" / f"eval_{step:05d}.jsonl")
     return [int(e.success) for e in sorted(episodes, key=lambda e: int(e.episode_id.rsplit("-", 1)[1]))]
 
@@ -324,8 +326,6 @@ def run_warm_starts(args, out: Path, common: dict) -> tuple[dict, dict[int, list
 def run_rl(args, out: Path, methods: Sequence[str], common: dict) -> dict:
     """The RL runs not finished yet, seed 0 of every method (and warm start) first, so a stopped
     invocation leaves whole seeds; returns wall seconds per run."""
-    from agentgym_opsd.usage import parse_options
-
     todo = {}
     credit = parse_options(args.credit)
     for seed in ([] if args.table_only else range(args.seeds)):
@@ -351,8 +351,6 @@ def analyse(args, out: Path, methods: Sequence[str], design: dict[int, list[int]
     """The figures of the finished runs in `design`: the warm start's held-out success and, per method,
     success after RL, its paired difference to GRPO (hierarchical bootstrap intervals, one generator
     seeded 0 drawn in a fixed order) and its step costs and memory peak."""
-    from agentgym_opsd.io import read_jsonl
-
     rng = np.random.default_rng(0)
 
     def last_update(path: Path) -> int:
@@ -441,10 +439,6 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import agentgym_opsd
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text
-    from trainer.credit.config import METHODS
-    from trainer.plots import plot_comparison
 
     agentgym_opsd.load_plugins()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

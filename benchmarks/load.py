@@ -11,7 +11,7 @@
     clients of `SlowClients` (stalled connections, byte-by-byte senders, clients that never read
     their answers) open during the load: the figures should not change much, and none may fail.
 (2) The env worker pool (`run_episodes(..., workers=N)`), episodes/s at 1, 2 and 4 workers, through
-    benchmarks/env_pool.py's measurement (when agentgym_opsd.workers is present).
+    benchmarks/env_pool.py's measurement.
 
     .venv/bin/python -m benchmarks.load [--clients 64] [--seconds 60] [--slow-clients] [--skip-pool]
 
@@ -35,7 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.io import atomic_write_json, read_jsonl
 from benchmarks.common import REPO, SHARED_DATA, percentile
+from benchmarks.retrieval_load import start_together
+from retrieval_index.lucene import build_index
+from retrieval_index.process import RetrievalServer
+from retrieval_index.testing import wiki_slice_records
 
 TOPK = 3
 
@@ -167,9 +172,9 @@ def _client(host: str, port: int, work: list[tuple[str, list[str]]], topk: int, 
 
 
 def _client_threads(host: str, port: int, works: list[list[tuple[str, list[str]]]], topk: int, seconds: float,
-                    start_at: float, queue: Any = None) -> list:  # fmt: skip
-    while time.time() < start_at:  # every process starts at once
-        time.sleep(0.001)
+                    ready: Any = None, queue: Any = None) -> list:  # fmt: skip
+    if ready is not None:
+        ready.wait()  # every process starts at once, once all have started
     deadline = time.perf_counter() + seconds
     out: list = []
     threads = [threading.Thread(target=_client, args=(host, port, w, topk, deadline, out)) for w in works]
@@ -209,16 +214,17 @@ def run_server_load(
         sampler.__enter__()
     try:
         if processes <= 0:
-            outs = _client_threads(host, port, works, topk, seconds, time.time())
+            outs = _client_threads(host, port, works, topk, seconds)
         else:
             ctx = mp.get_context("spawn")
             queue = ctx.Queue()
-            start_at = time.time() + 1.0 + 0.5 * processes
+            ready = ctx.Barrier(processes + 1)
             procs = [ctx.Process(target=_client_threads,
-                                 args=(host, port, works[p::processes], topk, seconds, start_at, queue))
+                                 args=(host, port, works[p::processes], topk, seconds, ready, queue))
                      for p in range(processes)]  # fmt: skip
             for p in procs:
                 p.start()
+            start_together(ready, procs)
             outs = [o for _ in procs for o in queue.get(timeout=seconds + 120)]
             for p in procs:
                 p.join(30)
@@ -349,16 +355,10 @@ def _read_http_answer(s: socket.socket) -> bytes:
 
 
 def _nq_questions(limit: int) -> list[str]:
-    from agentgym_opsd.io import read_jsonl
-
     return [r["question"] for r, _ in zip(read_jsonl(SHARED_DATA / "qa" / "nq_open_dev_part1.jsonl"), range(limit))]
 
 
 def server_figures(args: argparse.Namespace) -> None:
-    from retrieval_index.lucene import build_index
-    from retrieval_index.process import RetrievalServer
-    from retrieval_index.testing import wiki_slice_records
-
     if not (SHARED_DATA / "wiki").is_dir():
         print(f"server load: skipped, {SHARED_DATA / 'wiki'} is absent")
         return
@@ -407,17 +407,10 @@ def server_figures(args: argparse.Namespace) -> None:
                 f"memory: RSS grew {growth:+.0f} MiB over {args.seconds:.0f} s of load "
                 f"({100 * growth / result.rss_start_mb:+.1f}%)")  # type: ignore[operator]
             if args.out:
-                from agentgym_opsd.io import atomic_write_json
-
                 atomic_write_json(args.out, {"warmup": asdict(warm), "load": asdict(result)})
 
 
 def pool_figures(args: argparse.Namespace) -> None:
-    try:
-        from agentgym_opsd.workers import EnvFactory  # noqa: F401
-    except ImportError:
-        print("env pool: skipped, agentgym_opsd.workers is not on this branch yet")
-        return
     import subprocess
 
     cmd = [sys.executable, "-m", "benchmarks.env_pool", "--episodes", str(args.episodes), "--workers", "1", "2", "4"]

@@ -3,7 +3,8 @@ benchmarks.retrieval_speed and benchmarks.scale (a module they import, not a ben
 
 - `run_load(url, queries, clients=, per_request=, seconds=)`: concurrent keep-alive clients (threads in
   spawned processes, so the client side is not one GIL) POST top-`TOPK` requests to `/retrieve`;
-  queries/s, p50/p99 request latency and errors.
+  queries/s, p50/p99 request latency and errors. `start_together` starts the client processes at
+  once, when all have started (benchmarks.load's driver uses it too).
 - `warm_up(pid, one_pass)`: repeats a pass until the JVM's JIT compiler has settled.
 - `tree_cpu_seconds`, `jit_cpu_seconds`, `peak_rss_mib`: a process and its children, from /proc (Linux).
 """
@@ -69,9 +70,8 @@ def _client_thread(host: str, port: int, bodies: list[bytes], per_request: int, 
 
 
 def _client_process(host: str, port: int, per_thread: list[list[bytes]], per_request: int, seconds: float,
-                    start_at: float, queue) -> None:
-    while time.time() < start_at:  # all processes start together
-        time.sleep(0.001)
+                    ready, queue) -> None:
+    ready.wait()  # all processes start together, once every one of them has started
     deadline = time.perf_counter() + seconds
     out: list = []
     threads = [threading.Thread(target=_client_thread, args=(host, port, b, per_request, deadline, out))
@@ -81,6 +81,19 @@ def _client_process(host: str, port: int, per_thread: list[list[bytes]], per_req
     for t in threads:
         t.join()
     queue.put(out)
+
+
+def start_together(ready, procs: list) -> float:
+    """Wait at `ready` (a barrier of the spawned client processes and this one) until every process has
+    started (a spawned process imports its modules first, which takes longer on a busy machine), so that
+    all send their first request at once; the common start, as `time.time()`."""
+    try:
+        ready.wait(timeout=120)
+    except threading.BrokenBarrierError:
+        for p in procs:
+            p.kill()
+        raise RuntimeError("the load's client processes did not all start within 120 s") from None
+    return time.time()
 
 
 def run_load(url: str, queries: list[str], *, clients: int, per_request: int, seconds: float,
@@ -95,12 +108,13 @@ def run_load(url: str, queries: list[str], *, clients: int, per_request: int, se
     processes = max(1, min(processes, clients))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    start_at = time.time() + 1.0 + 0.3 * processes
+    ready = ctx.Barrier(processes + 1)
     procs = [ctx.Process(target=_client_process,
-                         args=(host, int(port), per_client[p::processes], per_request, seconds, start_at, queue))
+                         args=(host, int(port), per_client[p::processes], per_request, seconds, ready, queue))
              for p in range(processes)]  # fmt: skip
     for p in procs:
         p.start()
+    start_at = start_together(ready, procs)
     results = [queue.get(timeout=seconds + 120) for _ in procs]
     for p in procs:
         p.join(timeout=30)

@@ -20,13 +20,21 @@ Writes results.json, a table (stdout) and recall.png (recall@k curves).
 from __future__ import annotations
 
 import argparse
-import sys
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from agentgym_opsd.io import atomic_write_json
 from benchmarks.common import SHARED_DATA, save_png
+from environments.searchqa.data import load_questions
+from environments.searchqa.metrics import normalize_answer
+from environments.searchqa.synthetic import ensure_synthetic_index, synthetic_questions
+from retrieval_index.corpus import split_title
+from retrieval_index.lucene import BM25Searcher, build_index
+from retrieval_index.testing import wiki_slice_records
+
 K = 10
 QA_FILES = {
     "NQ-open dev": ("nq", "nq_open_dev_part1.jsonl"),
@@ -37,8 +45,6 @@ QA_FILES = {
 
 
 def _padded(text: str) -> str:
-    from environments.searchqa.metrics import normalize_answer
-
     return f" {normalize_answer(text)} "
 
 
@@ -64,8 +70,6 @@ def answer_recall(examples, results, corpus_norm: str | None) -> dict:
 
 
 def support_recall(examples, results) -> dict:
-    from retrieval_index.corpus import split_title
-
     per_k = {k: [0, 0, 0] for k in range(1, K + 1)}  # found titles, all titles, questions with all found
     for ex, hits in zip(examples, results, strict=True):
         titles = ex.supporting_titles
@@ -120,12 +124,6 @@ def run(work: Path) -> int:
     if not (SHARED_DATA / "wiki").is_dir():
         print(f"needs {SHARED_DATA} (the shared data folder beside the repo)", file=sys.stderr)
         return 2
-
-    from agentgym_opsd.io import atomic_write_json
-    from environments.searchqa.data import load_questions
-    from environments.searchqa.synthetic import ensure_synthetic_index, synthetic_questions
-    from retrieval_index.lucene import BM25Searcher, build_index
-    from retrieval_index.testing import wiki_slice_records
 
     records = list(wiki_slice_records(SHARED_DATA / "wiki", {name: None for name in
                                                         ("hotpotqa_distractor_paragraphs.jsonl",

@@ -45,8 +45,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_jsonl_numbered
 from benchmarks.common import REPO, SHARED_DATA
 from benchmarks.retrieval_load import TOPK, peak_rss_mib, process_cpu_seconds, run_load, tree_cpu_seconds, warm_up
+from retrieval_index.lucene import BM25Searcher
+from retrieval_index.process import RetrievalServer
+from retrieval_index.server import create_app
 
 WIKI = SHARED_DATA / "wiki"
 NQ = SHARED_DATA / "qa" / "nq_open_dev_part1.jsonl"
@@ -105,9 +109,6 @@ def search_r1_shaped_app(searcher):
 def serve_other(kind: str, index_dir: str, port_file: str) -> None:
     """Serve `index_dir` with the Search-R1-shaped app (kind "search-r1") or our Flask app under the WSGI
     server `kind`; write the port to `port_file` once listening."""
-    from agentgym_opsd.io import atomic_write_text
-    from retrieval_index.lucene import BM25Searcher
-
     if kind == "search-r1":
         import uvicorn
 
@@ -117,7 +118,6 @@ def serve_other(kind: str, index_dir: str, port_file: str) -> None:
         atomic_write_text(port_file, f"{sock.getsockname()[1]}\n")
         server.run(sockets=[sock])
         return
-    from retrieval_index.server import create_app
 
     if kind == "cheroot":
         from cheroot import wsgi
@@ -164,10 +164,6 @@ def serve_other(kind: str, index_dir: str, port_file: str) -> None:
 
 def granian_app():
     """Granian's worker process imports this factory (the JVM must start in the worker)."""
-    from agentgym_opsd.io import atomic_write_text
-    from retrieval_index.lucene import BM25Searcher
-    from retrieval_index.server import create_app
-
     app = create_app(BM25Searcher(os.environ["AGENTGYM_SPEED_INDEX"]))
     atomic_write_text(os.environ["AGENTGYM_SPEED_PORT_FILE"], os.environ["AGENTGYM_SPEED_PORT"] + "\n")
     return app
@@ -307,10 +303,6 @@ def run(work: Path) -> int:
         print(f"needs {WIKI} and {NQ} (the shared data folder beside the repo)", file=sys.stderr)
         return 2
 
-    from agentgym_opsd.io import atomic_write_json, read_jsonl_numbered
-    from retrieval_index.lucene import BM25Searcher
-    from retrieval_index.process import RetrievalServer
-
     queries = [r["question"] for _, r in read_jsonl_numbered(NQ)][: args.queries]
     corpus = work / "wiki.jsonl"
     with open(corpus, "w") as f:  # the whole wiki folder as one corpus (ids are unique across files)
@@ -340,14 +332,13 @@ def run(work: Path) -> int:
                 continue
             servers[f"ours under {kind}"] = OtherServer(kind, index_dir, work)
         results["servers"] = {name: {"url": s.url} for name, s in servers.items()}  # type: ignore[attr-defined]
-        return measure(args, results, servers, queries, index_dir, atomic_write_json, BM25Searcher)
+        return measure(args, results, servers, queries, index_dir)
     finally:
         for s in servers.values():
             s.stop()  # type: ignore[attr-defined]
 
 
-def measure(args, results: dict, servers: dict, queries: list[str], index_dir: Path, atomic_write_json,
-            BM25Searcher) -> int:
+def measure(args, results: dict, servers: dict, queries: list[str], index_dir: Path) -> int:
     from tqdm.auto import tqdm
 
     pids = {name: s.process.pid for name, s in servers.items()}

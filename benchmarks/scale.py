@@ -53,8 +53,15 @@ from typing import Any
 
 import numpy as np
 
+from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl_numbered
 from benchmarks.common import REPO, SHARED_DATA, save_png
 from benchmarks.retrieval_load import run_load, warm_up
+from environments.alfworld.compiled import compile_game, forget_compiled_games
+from environments.alfworld.engine import AlfredEngine
+from environments.alfworld.env import AlfWorldEnv
+from environments.alfworld.panel import PanelSpec, ensure_panel
+from retrieval_index.corpus import split_title
+from retrieval_index.process import RetrievalServer
 
 WIKI = SHARED_DATA / "wiki"
 NQ = SHARED_DATA / "qa" / "nq_open_dev_part1.jsonl"
@@ -243,8 +250,6 @@ class CorpusModel:
     """The statistics of a folder of `{"id", "contents": "\\"Title\\"\\ntext"}` passage files."""
 
     def __init__(self, folder: Path = WIKI) -> None:
-        from retrieval_index.corpus import split_title
-
         body_counts: Counter = Counter()
         title_counts: Counter = Counter()
         lengths, title_lengths = [], []
@@ -471,7 +476,6 @@ class CatalogModel:
                 ins[asin] = record
                 f.write((b",\n" if k else b"\n") + orjson.dumps(item))
             f.write(b"\n]\n")
-        from agentgym_opsd.io import atomic_write_bytes
 
         atomic_write_bytes(ins_path, orjson.dumps(ins))
         return {"items_mib": round(items_path.stat().st_size / 2**20, 2),
@@ -484,8 +488,6 @@ class CatalogModel:
 
 
 def nq_questions() -> list[str]:
-    from agentgym_opsd.io import read_jsonl_numbered
-
     if not NQ.is_file():
         raise SystemExit(f"{NQ}: the NQ-open questions are the queries; needs ../shared/data/qa")
     return [r["question"] for _, r in read_jsonl_numbered(NQ)]
@@ -493,8 +495,6 @@ def nq_questions() -> list[str]:
 
 def measure_retrieval(n: int, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Generate, index and serve `n` passages; the figures of one size."""
-    from retrieval_index.process import RetrievalServer
-
     figures: dict[str, Any] = {}
     model = CorpusModel()
     figures["generator"] = model.describe()
@@ -621,8 +621,6 @@ def measure_alfworld(n: int, work: Path, args: argparse.Namespace) -> dict[str, 
 
 
 def alfworld_generate_child(n: int, workers: int) -> None:
-    from environments.alfworld.panel import PanelSpec, ensure_panel
-
     spec = PanelSpec.make(0, "full", panel_sizes(n), mix="alfworld")
     ensure_panel(spec, splits=("train",), workers=workers, progress=True)
 
@@ -632,10 +630,6 @@ def alfworld_play_child(n: int, out: Path, steps: int) -> None:
     then the first reset of games never translated; reset/step times and RSS."""
     import random
 
-    from agentgym_opsd.io import atomic_write_json
-    from environments.alfworld.compiled import compile_game, forget_compiled_games
-    from environments.alfworld.engine import AlfredEngine
-    from environments.alfworld.env import AlfWorldEnv
     from tqdm.auto import tqdm
 
     rss0 = proc_status_mib(os.getpid())
@@ -924,8 +918,6 @@ def before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 def write_report(results: dict[str, Any], out: Path, before: dict[str, Any] | None = None) -> str:
     """scale.md and one PNG per family from results.json's figures; returns the markdown."""
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text
-
     parts = ["# How cost grows with the work", "",
              f"Machine: {results['machine']['cpus']} cores, {results['machine']['memory_gib']} GiB, shared with "
              "other jobs "
@@ -1001,8 +993,6 @@ def main(argv: list[str] | None = None) -> int:
         elif kind == "alfworld-play":
             alfworld_play_child(size, Path(args.json), args.alfworld_steps)
         return 0
-
-    from agentgym_opsd.io import atomic_write_json
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -38,8 +38,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from benchmarks.common import timed
+from trainer.config import TrainConfig
+from trainer.local import LocalTrainer
 from trainer.recipes import PICK_ENV, PICK_TINY, TINY_QWEN3
+from trainer.warm_start import PerturbedExpert
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,10 +66,6 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-    from trainer.config import TrainConfig
-    from trainer.local import LocalTrainer
-    from trainer.warm_start import PerturbedExpert
 
     work = Path(tempfile.mkdtemp(prefix="teacher-speed-"))
     env_options = {"room": "small", "split": "train", "max_turns": args.max_turns,

@@ -54,9 +54,22 @@ import sys
 import time
 from pathlib import Path
 
+import agentgym_opsd
+from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_json_file
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from benchmarks.common import git_commit, load_average, save_png, timed
+from trainer.config import TrainConfig
+from trainer.credit import compute_advantages
+from trainer.env_knowledge import credit_config
+from trainer.forward import decoder_and_head, row_logprobs, token_logprobs
+from trainer.loss import micro_batches, ppo_update, row_batch
+from trainer.optim import make_optimizer, set_learning_rate
+from trainer.policy import autocast_context, cpu_has_fast_bf16, load_hf_policy
 from trainer.recipes import PICK_ENV as ENV
 from trainer.recipes import SFT_NOISE as NOISE
+from trainer.rows import build_rows
+from trainer.trainable import select_trainable
+from trainer.warm_start import PerturbedExpert, SFTExample, sft_epoch, sft_targets
 
 GROUP = 4  # episodes per game in the speed rows
 # name -> select_trainable keywords
@@ -215,10 +228,6 @@ class Bench:
     def __init__(self, args):
         import torch
 
-        from trainer.config import TrainConfig
-        from trainer.env_knowledge import credit_config
-        from trainer.policy import load_hf_policy
-
         self.args = args
         self.base, self.tokenizer = load_hf_policy(args.model, device="cpu", dtype="float32")
         self.base.eval()
@@ -233,9 +242,6 @@ class Bench:
     def fresh(self, choice: str):
         """A copy of the model with only `choice`'s weights trainable, and its optimizer (the trainer's,
         `trainer.optim`, at the choice's rate)."""
-        from trainer.optim import make_optimizer
-        from trainer.trainable import select_trainable
-
         model = copy.deepcopy(self.base)
         model.requires_grad_(True)
         model = select_trainable(model, **CHOICES[choice])
@@ -243,16 +249,12 @@ class Bench:
         return model, make_optimizer(model, lr=RATES[choice], weight_decay=self.config.weight_decay)
 
     def rows(self, episodes, context: str | None = None):
-        from trainer.rows import build_rows
-
         return build_rows(episodes, self.tokenizer, context=context, span_mode=self.credit.span_mode,
                           max_length=self.limit)
 
     @staticmethod
     def examples(rows, episodes, detours):
         """The warm start's SFT examples (`warm_start.sft`): each row's tokens, the expert's own turns as targets."""
-        from trainer.warm_start import SFTExample, sft_targets
-
         target, _ = sft_targets(rows, episodes, detours)
         out = [SFTExample(rows.input_ids[r, : int(rows.length[r])], target[r, : int(rows.length[r])])
                for r in range(rows.num_rows)]
@@ -261,9 +263,6 @@ class Bench:
     def sft_pass(self, model, optimizer, examples, precision: str, *, share_prefix: bool = True) -> float:
         import numpy as np
 
-        from trainer.policy import autocast_context
-        from trainer.warm_start import sft_epoch
-
         with autocast_context(AUTOCAST[precision], "cpu"):
             return sft_epoch(model, optimizer, examples, np.random.default_rng(self.args.seed), pad_token_id=self.pad,
                              batch_tokens=self.args.batch_tokens, max_grad_norm=self.config.max_grad_norm,
@@ -271,12 +270,6 @@ class Bench:
 
     def rl_update(self, model, optimizer, rows, precision: str, lr: float) -> dict:
         """The trainer's update after a rollout, GRPO: old log-probs, advantages, `ppo_update`."""
-        from trainer.credit import compute_advantages
-        from trainer.forward import row_logprobs
-        from trainer.loss import ppo_update
-        from trainer.optim import set_learning_rate
-        from trainer.policy import autocast_context
-
         set_learning_rate(optimizer, lr)
         with autocast_context(AUTOCAST[precision], "cpu"):
             old = row_logprobs(model, rows, micro_batch_tokens=self.args.batch_tokens)
@@ -289,9 +282,6 @@ class Bench:
         logits, log_softmax over the sequence), `read` (`token_logprobs`) or `read+prefix` (with the
         rows' shared start). Returns their sum (a check that every way scores the same)."""
         torch = self.torch
-        from trainer.forward import token_logprobs
-        from trainer.loss import micro_batches, row_batch
-        from trainer.policy import autocast_context
 
         total = 0.0
         with torch.no_grad(), autocast_context(AUTOCAST[precision], "cpu"):
@@ -311,9 +301,6 @@ class Bench:
     def held_out(self, model, rows, target, precision: str) -> dict:
         """Per-episode NLL sums and target counts, and the turn exact-match counts (module docstring)."""
         torch = self.torch
-        from trainer.forward import decoder_and_head
-        from trainer.loss import micro_batches, row_batch
-        from trainer.policy import autocast_context
 
         decoder, head = decoder_and_head(model)
         episodes = int(rows.row_episode.max()) + 1
@@ -354,10 +341,6 @@ class Bench:
 
 def play(env_options: dict, split: str, requests, *, seed: int, progress):
     """The searching expert with detours on `requests`; (episodes, the expert)."""
-    import agentgym_opsd
-    from agentgym_opsd.rollout import run_episodes
-    from trainer.warm_start import PerturbedExpert
-
     expert = PerturbedExpert(NOISE, seed=seed)
     options = {**env_options, "split": split}
     episodes = run_episodes(lambda: agentgym_opsd.make(ENV, **options), expert, requests,
@@ -374,8 +357,6 @@ class Measurements:
     were taken with), so that `--resume` with the same arguments redoes none of them."""
 
     def __init__(self, args, out: Path, say) -> None:
-        from agentgym_opsd.io import read_json_file
-
         self.path = out / "partial.json"
         self.key_args = {k: v for k, v in vars(args).items() if k not in ("resume", "progress", "out")}
         self.done: dict = {}
@@ -394,16 +375,12 @@ class Measurements:
         return self.done[key]
 
     def keep(self, key: str, value) -> None:
-        from agentgym_opsd.io import atomic_write_json
-
         self.done[key] = value
         atomic_write_json(self.path, {"args": self.key_args, "done": self.done})
 
 
 def speed_rows(args, bench: Bench, env_options: dict, progress, say) -> dict:
     """1. The rows: expert episodes with detours in groups of `GROUP` per game, full chat and window:2."""
-    from agentgym_opsd.rollout import EpisodeRequest
-
     tasks = math.ceil(args.episodes / GROUP)
     requests = [EpisodeRequest(seed=150 + t, episode_id=f"speed-t{t}-g{g}", group=f"t{t}")
                 for t in range(tasks) for g in range(GROUP)][: args.episodes]
@@ -501,9 +478,6 @@ def measure_quality(args, bench: Bench, env_options: dict, precision: str, done:
     """3. Quality at equal budget: each choice fine-tunes a fresh copy for one epoch at its rate (and a
     third of it with `--rates 2`, the better one chosen on other games); held-out NLL and exact match."""
     from tqdm.auto import tqdm
-
-    from agentgym_opsd.rollout import EpisodeRequest
-    from trainer.optim import set_learning_rate
 
     train_requests = [EpisodeRequest(seed=i, episode_id=f"quality-{i}") for i in range(args.quality_episodes)]
     held_requests = [EpisodeRequest(seed=i, episode_id=f"held-{i}") for i in range(args.held_out)]
@@ -652,9 +626,6 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import agentgym_opsd
-    from agentgym_opsd.io import atomic_write_json, atomic_write_text
-    from trainer.policy import cpu_has_fast_bf16
 
     agentgym_opsd.load_plugins()
     started = time.perf_counter()

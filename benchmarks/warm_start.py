@@ -35,9 +35,18 @@ import sys
 import time
 from pathlib import Path
 
+import agentgym_opsd
+from agentgym_opsd.io import atomic_write_json
+from agentgym_opsd.rollout import EpisodeRequest, run_episodes
+from agentgym_opsd.summary import summarize
 from benchmarks.held_out_games import twin_free_seeds
+from trainer.config import TrainConfig, TrainError
+from trainer.local import LocalTrainer
+from trainer.models import is_named_model
+from trainer.policy import autocast_context, load_hf_policy
 from trainer.recipes import PICK_ENV as ENV
 from trainer.recipes import PICK_REAL, PICK_TINY, SFT_NOISE, TINY_QWEN3, PickRecipe
+from trainer.sampling import HFPolicyAgent
 
 
 def warm_start_defaults(recipe: PickRecipe) -> dict:
@@ -82,7 +91,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.train_layers < 0 or args.lora_rank < 0:
         ap.error("--train-layers and --lora-rank must be >= 0")
-    from trainer.models import is_named_model
 
     for flag, value in (("--model", args.model), ("--base", None if args.base == "tiny" else args.base)):
         if value is not None and not is_named_model(value) and not (Path(value) / "config.json").exists():
@@ -93,16 +101,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
-
-    import agentgym_opsd
-    from agentgym_opsd.io import atomic_write_json
-    from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-    from agentgym_opsd.summary import summarize
-    from trainer.config import TrainConfig, TrainError
-    from trainer.local import LocalTrainer
-    from trainer.sampling import HFPolicyAgent
-
-    from trainer.policy import autocast_context, load_hf_policy
 
     torch.set_num_threads(1)
     agentgym_opsd.load_plugins()

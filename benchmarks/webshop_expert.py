@@ -29,11 +29,20 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 import agentgym_opsd
+from agentgym_opsd import EnvUnavailable
 from agentgym_opsd.agents import ExpertAgent, RandomAgent
 from agentgym_opsd.io import atomic_write_json
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from benchmarks.common import SHARED_DATA
-from environments.webshop.reward import MATCH_THRESHOLD, fuzz_text, normalize_color, token_set_score
+from environments.webshop.reward import (
+    MATCH_THRESHOLD,
+    builtin_nouns,
+    fuzz_text,
+    normalize_color,
+    noun_tagger,
+    token_set_score,
+    webshop_reward,
+)
 
 DEFAULT_CATALOG = SHARED_DATA / "webshop"
 
@@ -64,9 +73,6 @@ def explain_option(goal_option, target_values: list[str]) -> str:
 def tagger_agreement(world, spacy_model: str) -> dict:
     """The built-in noun tagger against spaCy's model: equal r_type and equal total reward over every
     goal x product pair of the world's catalog (printed, and returned with the counts)."""
-    from agentgym_opsd import EnvUnavailable
-    from environments.webshop.reward import builtin_nouns, noun_tagger, webshop_reward
-
     try:
         spacy_nouns = noun_tagger(f"spacy:{spacy_model}")
     except EnvUnavailable as e:

@@ -39,6 +39,7 @@ import numpy as np
 import agentgym_opsd
 from agentgym_opsd.io import atomic_write_json
 from benchmarks.common import SHARED_DATA
+from environments.webshop.world import get_world
 
 DEFAULT_CATALOG = SHARED_DATA / "webshop"
 
@@ -97,8 +98,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_envs(args, catalog: str | None, index_dir: str) -> tuple[list, Any, dict[str, float]]:
     """Load the catalog, build its index, make `--envs` instances: (the envs, their shared world, the
     times and memory of each stage)."""
-    from environments.webshop.world import get_world
-
     def make():
         return agentgym_opsd.make("agentgym/WebShop-v0", catalog=catalog, index_dir=index_dir, split="all")
 
