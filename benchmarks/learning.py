@@ -22,7 +22,8 @@
 3. For each warm start, method and seed (`--seeds S`), one RL run from that warm start: same tasks,
    seeds and budget for every method (`--steps` updates of T tasks x G episodes, full chat),
    evaluated on the held-out panel after the last update only (no checkpoint is picked). `--jobs`
-   runs at once, each in its own process on one torch thread; the results do not depend on it.
+   runs at once, each in its own process on CPUs // runs-at-once torch threads (a run alone uses every core;
+   the tiny model keeps one). More threads split matrix products differently: samples may differ at rounding.
    Every run resumes from its checkpoint, and a finished run is never redone: stop the command at
    any point, or run it again with more seeds or warm starts, and only what is missing runs;
    `--table-only` prints the table of the finished runs without training.
@@ -103,8 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--credit", action="append", default=[], metavar="KEY=VALUE",
                     help="credit setting for every method")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                    help="RL runs at once, each in its own process on one torch thread (default: min(2, CPUs)); "
-                    "results do not depend on it")
+                    help="RL runs at once, each in its own process on CPUs // runs-at-once threads "
+                    "(default: min(2, CPUs))")
     ap.add_argument("--warm-only", action="store_true",
                     help="train and evaluate the warm start(s), then stop (e.g. a literate one with --sft-privileged)")
     ap.add_argument("--table-only", action="store_true",
@@ -228,10 +229,10 @@ def step_costs(metrics: Sequence[dict]) -> dict[str, float]:
 
 def rl_run(config_fields: dict, progress: bool) -> float:
     """One training run (resumed from its checkpoint when there is one); returns its wall seconds. Runs
-    in a worker process when --jobs > 1 (each run is seeded and single-threaded: the same result either way)."""
+    in a worker process when --jobs > 1, on its fields' `cpu_threads` torch threads."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(max(1, int(config_fields.get("cpu_threads") or 1)))
     t0 = time.perf_counter()
     config = TrainConfig(**config_fields)
     resume = (Path(config.out) / "checkpoint.pt").exists()
@@ -258,10 +259,16 @@ def held_out_panel(args, env_options: dict) -> tuple[dict, list[int], str]:
 
 
 def run_jobs(todo: dict, jobs: int, progress: bool, run=rl_run) -> dict:
-    """Run every (key -> TrainConfig fields) job, `jobs` at a time; returns key -> wall seconds."""
+    """Run every (key -> TrainConfig fields) job, `jobs` at a time, each on the CPUs' share of the runs
+    at once (a run alone uses them all); returns key -> wall seconds."""
     seconds: dict = {}
     if not todo:
         return seconds
+    at_once = min(jobs, len(todo))
+    threads = max(1, (os.cpu_count() or 1) // at_once)
+    # (The tiny model's matrices are too small to split: it keeps one thread; CUDA runs have cpu_threads 0.)
+    todo = {key: {**fields, "cpu_threads": threads} if fields.get("cpu_threads") and fields.get("model") != "tiny"
+            else fields for key, fields in todo.items()}
     if jobs == 1:
         for key, fields in todo.items():
             seconds[key] = run(fields, progress)
