@@ -12,13 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.io import atomic_write_bytes
+from agentgym_opsd.io import atomic_write_bytes, atomic_write_text
 
-__all__ = ["REPO", "SHARED_DATA", "git_commit", "load_average", "percentile", "save_png", "timed"]
+__all__ = ["DISCUSSION_MARKER", "REPO", "SHARED_DATA", "add_page_argument", "cpu_model", "git_commit", "load_average",
+           "markdown_table", "percentile", "save_png", "timed", "write_results_page"]
 
 REPO = Path(__file__).resolve().parents[1]
 # Real public samples (../shared/data beside the checkout): only benchmarks and real-data tests read them.
 SHARED_DATA = REPO.parent / "shared" / "data"
+# A benchmark's results page (docs/benchmarks/NAME.md): the script writes everything above this line
+# from its results; the discussion below it is written by hand and kept as it is when the page is rewritten.
+DISCUSSION_MARKER = "<!-- discussion: written by hand below this line; the benchmark rewrites only what is above -->"
+PAGES = REPO / "docs" / "benchmarks"
 
 
 def git_commit() -> str:
@@ -63,3 +68,52 @@ def save_png(fig, path: Path, *, dpi: int = 120, metadata: dict | None = None) -
     fig.savefig(buffer, format="png", dpi=dpi, metadata=metadata)
     plt.close(fig)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+def cpu_model() -> str:
+    """The CPU's model name and count (from /proc/cpuinfo where there is one)."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0]} x {len(names)}" if names else f"unknown CPU x {os.cpu_count()}"
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A GitHub markdown table; a `|` inside a cell is escaped so the row keeps its header's cell count."""
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def add_page_argument(ap) -> None:
+    """`--page`: the benchmark also writes its results page, docs/benchmarks/NAME.md (a smoke run does not
+    by default: its figures would replace the page's)."""
+    ap.add_argument("--page", action="store_true",
+                    help="write this run's figures to the benchmark's results page, docs/benchmarks/NAME.md")
+
+
+def write_results_page(name: str, title: str, body: str, *, command: str, threads: int | None = None,
+                       load: Any = None, commit: str | None = None, plots: tuple[str, ...] = (),
+                       pages: Path | None = None) -> Path:
+    """Write docs/benchmarks/`name`.md: the title, a line naming the command, commit, CPU model, threads,
+    load average and date, the results `body` (markdown) and the plots (paths relative to the page),
+    then the hand-written discussion kept from the page already there (below `DISCUSSION_MARKER`)."""
+    path = (pages or PAGES) / f"{name}.md"
+    discussion = "\nNo discussion yet.\n"
+    if path.is_file():
+        old = path.read_text(encoding="utf-8")
+        if DISCUSSION_MARKER in old:
+            discussion = old.split(DISCUSSION_MARKER, 1)[1]
+    load_text = ("not recorded" if load is None else
+                 " -> ".join(f"{x:g}" for x in load) if isinstance(load, (list, tuple)) else str(load))
+    facts = (f"Measured at commit {commit or git_commit()} on {time.strftime('%Y-%m-%d')}, on {cpu_model()}, "
+             f"{'threads not recorded' if threads is None else f'{threads} torch thread(s)'}, load average "
+             f"{load_text}, by:\n\n    {command}")
+    figures = "".join(f"\n![{Path(p).stem}]({p})\n" for p in plots)
+    text = f"# {title}\n\n{facts}\n\n{body.strip()}\n{figures}\n{DISCUSSION_MARKER}{discussion}"
+    atomic_write_text(path, text)
+    return path
