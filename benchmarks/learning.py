@@ -1,9 +1,9 @@
 """Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO's?
 
-    .venv/bin/python -m benchmarks.learning                       # real model: 1 warm start, 1 seed, 4 methods (73 min)
+    .venv/bin/python -m benchmarks.learning                       # real model: 1 warm start, 1 seed, 4 methods
     .venv/bin/python -m benchmarks.learning --seeds 3             # two more seeds per method (finished runs kept)
     .venv/bin/python -m benchmarks.learning --seeds 3 --warm-starts 2
-    .venv/bin/python -m benchmarks.learning --quick               # smoke run: 1 update, 10 games (9.6 min here)
+    .venv/bin/python -m benchmarks.learning --quick               # smoke run: 1 update, 10 games
     .venv/bin/python -m benchmarks.learning --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
     .venv/bin/python -m benchmarks.learning --sft-privileged 0.5 --warm-only --out runs/learning-literate
     .venv/bin/python -m benchmarks.learning --table-only --out runs/learning-smollm2-135m  # the finished runs' table
@@ -14,8 +14,8 @@
    `PICK_TINY`, their `_QUICK` forms with `--quick`; flags override it). For the real model
    (`--model smollm2-135m`, the default, or a model folder): the searching expert (it looks for the
    object receptacle by receptacle, as a policy must), 1,000 training games, the top 8 layers trained,
-   bf16 autocast where the CPU has bf16 units (benchmarks/train_speed.py). Warm start w uses its own
-   expert episodes and shuffling.
+   bf16 autocast where the CPU has bf16 units (benchmarks/train_speed.py). Warm start w imitates its own
+   games (from game w x sft_episodes of the panel on: `sft_seed`), with its own detours and shuffling.
 2. The held-out panel: for the real model, valid_unseen games (floor plans the training never saw);
    for the tiny model, valid_seen games without a training twin (the same goal and expert plan).
    Greedy, one episode per game. Each warm start is evaluated on it once.
@@ -166,10 +166,58 @@ def hierarchical_bootstrap(tables: Sequence[np.ndarray], draws: int, rng: np.ran
     return out
 
 
-def mean_interval(tables: Sequence[np.ndarray], draws: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    """The tables' `hierarchical_mean` and a 95% interval from one set of `hierarchical_bootstrap` draws."""
+# The t distribution's 97.5th percentile by degrees of freedom (a table: scipy is not a dependency); a df
+# between entries takes the smaller df's value, a slightly wider interval.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t_975(df: int) -> float:
+    """The 97.5th percentile of Student's t with `df` degrees of freedom (1.96 past 120)."""
+    if df < 1:
+        raise ValueError(f"t needs df >= 1, got {df}")
+    return T_975[max(k for k in T_975 if k <= df)] if df <= 120 else 1.96
+
+
+def mean_interval(tables: Sequence[np.ndarray], draws: int,
+                  rng: np.random.Generator) -> tuple[float, float, float]:
+    """The tables' `hierarchical_mean` and a 95% interval for it. With two or more warm starts: a cluster t
+    interval, the warm starts as clusters (mean +- t(W-1) x the sd of the per-warm-start means / sqrt(W);
+    it holds the warm-start, seed and game variance, and with 2-3 warm starts it is wide, as it must be: a
+    bootstrap over so few warm starts is too narrow). With one warm start: `hierarchical_bootstrap` over its
+    seeds and games, which holds no warm-start variance (the table says so)."""
+    mean = hierarchical_mean(tables)
+    if len(tables) >= 2:
+        half = t_975(len(tables) - 1) * cluster_sd(tables) / math.sqrt(len(tables))
+        return mean, mean - half, mean + half
     means = hierarchical_bootstrap(tables, draws, rng)
-    return hierarchical_mean(tables), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    return mean, float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def cluster_sd(tables: Sequence[np.ndarray]) -> float:
+    """The sample sd (ddof 1) of the per-warm-start means of [seeds, games] tables."""
+    return float(np.std([np.asarray(t, dtype=float).mean() for t in tables], ddof=1))
+
+
+def runs_needed(tables: Sequence[np.ndarray], target: float) -> int | None:
+    """How many runs a mean difference needs for its 95% interval (`mean_interval`'s, the same variance
+    model) to reach a half-width of `target`. With two or more warm starts: warm starts, each with as many
+    seeds as the tables have on average, the smallest W with t(W-1) x sd / sqrt(W) <= target, sd the
+    spread of the per-warm-start means seen. With one warm start: seeds from it (normal approximation on
+    the per-seed spread, game sampling included), the interval's own model, which leaves out warm-start
+    variance. Never fewer than were run; None without a spread to go on (one run) or with a zero target."""
+    tables = [np.asarray(t, dtype=float) for t in tables]
+    if target <= 0:
+        return None
+    if len(tables) >= 2:
+        sd, count = cluster_sd(tables), len(tables)
+        while t_975(count - 1) * sd / math.sqrt(count) > target and count < 100_000:
+            count += 1
+        return count
+    per_seed = tables[0].mean(axis=1)
+    if per_seed.size < 2:
+        return None
+    return max(per_seed.size, math.ceil((1.96 * float(per_seed.std(ddof=1)) / target) ** 2))
 
 
 def finished_design(out: Path, methods: Sequence[str], warm_starts: int | None,
@@ -190,18 +238,6 @@ def finished_design(out: Path, methods: Sequence[str], warm_starts: int | None,
         if done:
             design[w] = done
     return design
-
-
-def runs_needed(per_run: Sequence[float], target: float) -> int | None:
-    """How many runs (warm start x seed pairs) a mean difference needs for its 95% interval's half-width to
-    reach `target`, from the spread of the per-run differences seen (a normal approximation; it counts
-    the run-to-run spread, game sampling included, since each run's value is a mean over the same
-    games). None with fewer than two runs (no spread to go on) or a zero target."""
-    values = np.asarray(per_run, dtype=float)
-    if values.size < 2 or target <= 0:
-        return None
-    sd = float(values.std(ddof=1))
-    return max(values.size, math.ceil((1.96 * sd / target) ** 2))
 
 
 def step_costs(metrics: Sequence[dict]) -> dict[str, float]:
@@ -311,6 +347,13 @@ def shared_fields(args, env_options: dict, eval_options: dict, seeds: list[int])
     )
 
 
+def sft_seed(warm: int, episodes: int) -> int:
+    """The first reset seed of warm start `warm`'s expert episodes. A seed plays game seed mod the panel's
+    size: warm start w starts w x `episodes` games on, so warm starts imitate different games (they
+    overlap only once w x episodes wraps past the panel). Warm start 0 keeps the seed it always had."""
+    return 1_000_000 + 100_000 * warm + warm * episodes
+
+
 def run_warm_starts(args, out: Path, common: dict) -> tuple[dict, dict[int, list[int]]]:
     """Train and evaluate the warm starts not done yet; (wall seconds per job, held-out outcomes per warm start)."""
     model_fields = ({**TINY_QWEN3, "vocab_size": args.vocab_size, "tiny_hidden": args.tiny_hidden,
@@ -320,7 +363,7 @@ def run_warm_starts(args, out: Path, common: dict) -> tuple[dict, dict[int, list
         warm = out / f"warm{w}"
         if not (warm / "report.json").exists():
             todo[("warm start", w)] = dict(
-                out=str(warm), method="grpo", steps=0, save_every=0, seed=w, sft_seed=1_000_000 + 100_000 * w,
+                out=str(warm), method="grpo", steps=0, save_every=0, seed=w, sft_seed=sft_seed(w, args.sft_episodes),
                 sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_noise=args.sft_noise,
                 sft_lr=args.sft_lr, sft_privileged=args.sft_privileged, **model_fields, **common,
             )
@@ -384,7 +427,8 @@ def analyse(args, out: Path, methods: Sequence[str], design: dict[int, list[int]
             d, d_low, d_high = mean_interval(delta, args.bootstrap, rng)
             per_run = np.concatenate([t.mean(axis=1) for t in delta])
             entry["vs_grpo"] = {"difference": d, "interval": [d_low, d_high], "per_run": per_run.tolist(),
-                                "runs_for_2_points": runs_needed(per_run, 0.02)}
+                                "runs_for_2_points": runs_needed(delta, 0.02),
+                                "runs_counted_in": "warm starts" if len(delta) >= 2 else "seeds"}
         peaks = [c for c in costs[method] if c and c.get("peak_gb") is not None]
         top = max(peaks, key=lambda c: c["peak_gb"]) if peaks else {}
         entry["peak_gb"], entry["peak_phase"] = top.get("peak_gb"), top.get("peak_phase")
@@ -432,12 +476,17 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
                      f"{phase['update']:>7.0f} {ratio:>7} {peak:>7} {entry['peak_phase'] or '-':<8}")
     lines.append(
         "After RL: held-out success at the last update, the mean over warm starts (each weighing the same) of the "
-        "mean over their seeds and games. Intervals: a "
-        "hierarchical bootstrap (warm starts, seeds within them, games), paired for the difference to GRPO. "
+        "mean over their seeds and games. Intervals, paired for the difference to GRPO: "
+        + ("a cluster t over the warm starts (t with W-1 degrees of freedom on the per-warm-start means: it holds "
+           "warm-start, seed and game variance; with few warm starts it is wide). " if len(design) >= 2 else
+           "a bootstrap over seeds and games: one warm start, so warm-start variance is NOT in the interval. ")
         + ("With one run per method the interval holds game sampling only: the run-to-run spread, which decided "
            "rankings before, is not in it. " if runs == 1 else "")
-        + "runs for +-2: warm start x seed runs for a +-2-point interval on the difference, from the per-run spread "
-          "seen ('?': one run shows no spread). Peak GB: the largest resident memory an update of the method "
+        + ("runs for +-2: warm starts (each with as many seeds) for a +-2-point interval on the difference, with "
+           "the interval's own model and the spread of the warm starts seen. " if len(design) >= 2 else
+           "runs for +-2: seeds from this warm start for a +-2-point interval, with the interval's own model "
+           "(no warm-start variance; '?': one run shows no spread). ")
+        + "Peak GB: the largest resident memory an update of the method "
           "reached, and in which phase of it (rollout; scoring: old log-probs and the teacher; update) "
           "('-': runs from before it was logged). Step seconds: medians per update, each run on one thread, "
           + ("as the runs ran." if args.table_only else f"{args.jobs} at a time."))

@@ -96,11 +96,37 @@ def test_the_table_covers_the_seeds_whose_runs_of_every_method_finished(tmp_path
     assert done.returncode == 1 and "no warm start under" in done.stderr and "without --table-only" in done.stderr
 
 
-def test_runs_needed_follows_the_spread_seen():
-    assert learning.runs_needed([0.05], 0.02) is None  # one run: no spread to go on
-    per_run = [0.0, 0.1, -0.1, 0.05, -0.05]  # sd 0.079
-    assert learning.runs_needed(per_run, 0.02) == int(np.ceil((1.96 * np.std(per_run, ddof=1) / 0.02) ** 2))
-    assert learning.runs_needed(per_run, 1.0) == len(per_run)  # never fewer than were run
+def test_with_two_or_more_warm_starts_the_interval_is_a_cluster_t_over_them():
+    """Warm starts are the clusters: mean +- t(W-1) x sd(per-warm-start means) / sqrt(W), wider than a bootstrap
+    that resamples just three warm starts (which cannot show more spread than three values hold)."""
+    games = (np.random.default_rng(7).random(50) < 0.3).astype(float)
+    shift = np.array([0.0, 0.15, -0.1])  # three warm starts that differ, two seeds each
+    tables = [np.clip(np.stack([games, games]) + s, 0, 1) for s in shift]
+    mean, low, high = learning.mean_interval(tables, 2000, np.random.default_rng(0))
+    means = [t.mean() for t in tables]
+    half = 4.303 * np.std(means, ddof=1) / np.sqrt(3)
+    assert mean == pytest.approx(np.mean(means)) and (low, high) == pytest.approx((mean - half, mean + half))
+    boot = learning.hierarchical_bootstrap(tables, 2000, np.random.default_rng(0))
+    assert high - low > 1.2 * (np.percentile(boot, 97.5) - np.percentile(boot, 2.5))
+    assert learning.t_975(1) == pytest.approx(12.706) and learning.t_975(11) == learning.t_975(10)
+    assert learning.t_975(10_000) == 1.96
+
+
+def test_runs_needed_uses_the_intervals_variance_model():
+    one_run = [np.array([[0.05] * 10])]
+    assert learning.runs_needed(one_run, 0.02) is None  # one run: no spread to go on
+    # one warm start, five seeds: seeds needed, from the per-seed spread (normal approximation)
+    per_seed = np.array([0.0, 0.1, -0.1, 0.05, -0.05])
+    one_warm = [np.repeat(per_seed[:, None], 4, axis=1)]
+    assert learning.runs_needed(one_warm, 0.02) == int(np.ceil((1.96 * np.std(per_seed, ddof=1) / 0.02) ** 2))
+    assert learning.runs_needed(one_warm, 1.0) == 5  # never fewer than were run
+    # three warm starts: warm starts needed, the smallest W whose cluster t half-width is within the target
+    warm = [np.full((2, 4), v) for v in (0.0, 0.06, -0.03)]
+    need = learning.runs_needed(warm, 0.02)
+    sd = np.std([0.0, 0.06, -0.03], ddof=1)
+    assert learning.t_975(need - 1) * sd / np.sqrt(need) <= 0.02 < learning.t_975(need - 2) * sd / np.sqrt(need - 1)
+    _, low, high = learning.mean_interval(warm, 100, np.random.default_rng(0))
+    assert (high - low) / 2 > 0.02 and need > 3  # the interval seen is wider than the target: more are needed
 
 
 def test_wilson_and_step_costs():
