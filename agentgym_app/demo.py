@@ -115,8 +115,7 @@ class DemoSettings:
     # benchmark's policies keep one: a decoding step's products are small).
     train_threads: int = 2
     # The benchmark's envs run in this process, 8 at a time: their steps cost less than a worker's
-    # round trip, and the policies then write 8 turns per decoding batch instead of one per worker
-    # (with 2 workers the stage took 277 s against 41 s, median wall of 2 runs each, here).
+    # round trip, and the policies then write 8 turns per decoding batch instead of one per worker.
     workers: int = 0
     bench_envs: int = 32  # envs stepped together: the policies decode that many turns per batch
     # The reading-teacher section: tasks x group of the expert with detours, scored by the real model.

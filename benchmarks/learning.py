@@ -341,8 +341,8 @@ def shared_fields(args, env_options: dict, eval_options: dict, seeds: list[int])
         eval_episodes=len(seeds), eval_seeds=seeds, eval_temperature=0.0, max_new_tokens=args.max_new_tokens,
         device=args.device, cpu_threads=1 if args.device == "cpu" else 0, train_layers=args.train_layers,
         autocast=args.autocast if args.device == "cpu" else "none",  # CUDA: the weights are bf16 already
-        # The real model plays at most 16 games at once: 50 held-out games of 15 turns in one batch kept
-        # 15 GB of keys and values, and two such evaluations at once met the OOM killer on 24 GB.
+        # The real model plays at most 16 games at once: keys and values grow with the games in a batch
+        # (50 held-out games of 15 turns hold about 15 GB), and two evaluations may run at once in 24 GB.
         num_envs=0 if args.model == "tiny" else 16,
     )
 

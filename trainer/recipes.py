@@ -82,9 +82,8 @@ class PickRecipe:
                 "panel_own_types": True, "expert_searches": self.expert_searches, "progress": False}
 
 
-# The real model's budget: a warm start and one seed of every method took 73.4 minutes in one run of
-# benchmarks/learning.py on a 2-core machine (warm start 22.6 min with its 50-game evaluation, then 4 RL
-# runs of 21-27 min, two at a time).
+# The real model's budget: one invocation of benchmarks/learning.py (a warm start and one seed of every
+# method) is meant to fit in 90 minutes on two cores; docs/benchmarks/learning.md has the times measured.
 PICK_REAL = PickRecipe(
     train_games=1000, eval_split="valid_unseen", eval_games=50, max_turns=15, expert_searches=True,
     sft_episodes=400, sft_epochs=2, sft_lr=1e-4, sft_noise=SFT_NOISE, train_layers=8, autocast="auto",
