@@ -149,14 +149,9 @@ COMMIT = re.compile(r"(?i)\bcommit\W{0,3}[0-9a-f]{7,40}\b"
 
 # Known defects, each an xfail(strict=True) test: when the defect is fixed, that test fails until its
 # entry here is removed. (page, start of the table row) -> reason.
-KNOWN_BAD_ROWS = {
-    ("README.md", "| `python benchmarks/learning.py`"):
-        "issue 38 item 1: the learning.py row has unescaped | inside a cell (the README rewrite removes it)",
-}
+KNOWN_BAD_ROWS: dict[tuple[str, str], str] = {}
 # page -> reason.
-KNOWN_FIGURE_PAGES_WITHOUT_COMMIT = {
-    "docs/scale/scale.md": "issue 38 item 2: benchmarks/scale.py does not write the commit into the page",
-}
+KNOWN_FIGURE_PAGES_WITHOUT_COMMIT: dict[str, str] = {}
 
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^\s()]*(?:\([^\s()]*\)[^\s()]*)*)"
                          r"(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^)]*\)))?\s*\)")

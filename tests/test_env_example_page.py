@@ -1,4 +1,5 @@
-"""The README's "Adding an environment" example is real code: it passes the contract check."""
+"""The "Adding an environment" example (docs/adding-an-environment.md, linked from the EXAMPLE_PAGE) is real code: it
+passes the contract check."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ import gymnasium as gym
 
 from agentgym_opsd.env_checker import check_text_env
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+EXAMPLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "adding-an-environment.md"
 
 
 def test_the_readme_env_example_follows_the_contract() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", EXAMPLE_PAGE.read_text(encoding="utf-8"), flags=re.S)
     example = next(b for b in blocks if "class GuessNumberEnv(TextEnv)" in b)
     # Registered from this module instead of the example's package `mypkg`.
     namespace: dict = {}
-    exec(compile(example.replace('"mypkg:GuessNumberEnv"', "GuessNumberEnv"), str(README), "exec"), namespace)
+    exec(compile(example.replace('"mypkg:GuessNumberEnv"', "GuessNumberEnv"), str(EXAMPLE_PAGE), "exec"), namespace)
     namespace["register"]()
     check_text_env(lambda: gym.make("mypkg/GuessNumber-v0"))
     env = gym.make("mypkg/GuessNumber-v0")
