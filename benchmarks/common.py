@@ -14,8 +14,8 @@ from typing import Any
 
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_text
 
-__all__ = ["DISCUSSION_MARKER", "REPO", "SHARED_DATA", "add_page_argument", "cpu_model", "git_commit", "load_average",
-           "markdown_table", "percentile", "save_png", "timed", "write_results_page"]
+__all__ = ["DISCUSSION_MARKER", "PAGES", "REPO", "SHARED_DATA", "add_page_argument", "cpu_model", "git_commit",
+           "load_average", "markdown_table", "percentile", "save_png", "timed", "write_results_page"]
 
 REPO = Path(__file__).resolve().parents[1]
 # Real public samples (../shared/data beside the checkout): only benchmarks and real-data tests read them.

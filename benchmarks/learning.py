@@ -54,9 +54,10 @@ import numpy as np
 
 import agentgym_opsd
 from agentgym_opsd.episode import load_episodes
-from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_jsonl
+from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl
 from agentgym_opsd.summary import wilson_interval as wilson
 from agentgym_opsd.usage import parse_options
+from benchmarks.common import PAGES, add_page_argument, write_results_page
 from benchmarks.held_out_games import twin_free_seeds
 from trainer.config import TrainConfig
 from trainer.credit.config import METHODS
@@ -111,6 +112,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--table-only", action="store_true",
                     help="train nothing: the table of every finished run under OUT (e.g. of a stopped invocation)")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
+    add_page_argument(ap)
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -554,6 +556,14 @@ def main(argv=None) -> int:
     plot_comparison({m: rl_run_dir(out, first, m, design[first][0]) for m in methods}, out / "learning.png",
                     title=f"held-out success, {args.env.split('/')[-1]}, {what}\n(warm start {100 * start_mean:.1f}%)")
     print(f"wrote {out / 'learning.txt'}, {out / 'learning.json'} and {out / 'learning.png'}")
+    if args.page:
+        atomic_write_bytes(PAGES / "learning.png", (out / "learning.png").read_bytes())
+        page = write_results_page(
+            "learning", "Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO?",
+            f"```\n{table}\n```", command="python -m benchmarks.learning " + " ".join(sys.argv[1:]),
+            threads=(os.cpu_count() or 1) // max(1, args.jobs), load=[round(load_before, 2), round(load_after, 2)],
+            plots=("learning.png",))
+        print(f"wrote {page}")
     return 0
 
 
