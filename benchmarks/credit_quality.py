@@ -37,9 +37,11 @@
 4. Every method's credit from those log-probs (`compute_advantages(..., return_parts=True)`, a live
    teacher, no lambda decay): GRPO, GiGPO, StepOPSD with each hindsight context (and with its budget
    off), AgentOPSD with each note, RLSD.
-5. AUCs against the labels, with bootstrap 95% intervals that resample TASKS (the G episodes of a task
-   share their group's normalisation, so they are not independent): every draw takes all episodes of
-   the drawn tasks, and every cell of a table uses the same draws (differences are paired).
+5. AUCs against the labels, with bootstrap 95% intervals that resample GAMES (the G episodes of a task
+   share their group's normalisation, so they are not independent; with `--policy-episodes`, policy
+   group t plays expert group t's game, reset seed 50,000 + t, and a game's expert and policy groups
+   are one unit: `bootstrap_units`): every draw takes all episodes of the drawn games, and every cell
+   of a table uses the same draws (differences are paired).
    - turn level, within episodes: does a turn's credit (the mean of A~ / |A| over its generated
      tokens) rank progress turns above the others, among pairs of turns of one episode? In successful
      episodes (credit should go to progress turns) and in failed ones (blame to the others). GRPO gives
@@ -150,7 +152,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the expert's random-detour rate (default: the family's)")
     ap.add_argument("--max-turns", type=int, default=None,
                     help="default: the family's (ALFWorld 8, WebShop 10, Search-QA 4)")
-    ap.add_argument("--policy-episodes", type=int, default=0, help="also score the model's own rollouts")
+    ap.add_argument("--policy-episodes", type=int, default=0,
+                    help="also score the model's own rollouts (group t replays expert group t's game)")
     ap.add_argument("--warm-start", choices=("plain", "literate"), default="literate")
     ap.add_argument("--literate-share", type=float, default=0.5)
     ap.add_argument("--sft-episodes", type=int, default=400)
@@ -160,7 +163,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--train-games", type=int, default=1000,
                     help="ALFWorld: a panel of that many Pick training games, the scored episodes' games (and the tiny "
                     "model's warm start's: benchmarks/warm_start.py: a tiny model memorises 200 games, not 1,000)")
-    ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap draws (of tasks)")
+    ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap draws (of games)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core machine a second thread costs more than it gives)")
@@ -429,7 +432,8 @@ def play_episodes(settings: dict, model, tokenizer, progress: bool) -> list:
     if settings["policy_episodes"]:
         agent = HFPolicyAgent(model, tokenizer, max_new_tokens=64, temperature=1.0, seed=settings["seed"],
                               name="policy")
-        more = [EpisodeRequest(seed=60_000 + t, episode_id=f"p{t}-g{i}", group=f"p{t}")
+        # policy group t replays expert group t's game (the same reset seed), as a group of its own
+        more = [EpisodeRequest(seed=50_000 + t, episode_id=f"p{t}-g{i}", group=f"p{t}")
                 for t in range(max(1, settings["policy_episodes"] // g)) for i in range(g)]
         played = run_episodes(make_env, agent, more, num_envs=len(more), context="full",
                               progress="policy" if progress else False)
@@ -608,12 +612,19 @@ COMPARISONS = [("stepopsd", "stepopsd placebo"), ("stepopsd", "stepopsd outcome 
                ("beyond lp_S: skill note", "beyond lp_S: placebo note")]
 
 
+def bootstrap_units(episodes: Sequence[Any]) -> list[str]:
+    """Each episode's bootstrap unit: its game (env and task id), so that the groups that played one game
+    (an expert group and the policy group that replays it; two seeds that land on the same game of a
+    small panel) are drawn together, never as two independent units."""
+    return [f"{e.env_id}::{e.task_id}" for e in episodes]
+
+
 def auc_tables(args, episodes: list, items: dict[str, EpisodeItems]) -> tuple[dict, dict, dict]:
     """5. The AUCs with one set of task draws for every cell: (results: row -> column -> interval,
     paired differences, the evidence's slope and correlation against the student's log-prob)."""
     success = np.array([e.success for e in episodes])
     rng = np.random.default_rng(args.seed)
-    draws = resample_counts([e.group_key for e in episodes], args.bootstrap, rng)
+    draws = resample_counts(bootstrap_units(episodes), args.bootstrap, rng)
     ones = np.ones((1, len(episodes)), dtype=np.int64)
     n_side = {"success": int(success.sum()), "failure": int((~success).sum())}
     raw: dict[str, dict[str, np.ndarray]] = {}  # row -> column -> [point, *draws], for the differences
@@ -683,7 +694,7 @@ def family_table(args, spec: FamilySpec, settings: dict, scores: FamilyScores, m
         f"p={settings['detour']}{', + policy rollouts' if args.policy_episodes else ''}): {100 * success.mean():.0f}% "
         f"success, {sum(e.num_turns for e in episodes)} turns, {100 * progress_share:.0f}% of turns progress | model "
         f"{model_label}, student and live "
-        f"teacher | AUC [95% interval, {args.bootstrap} draws of tasks]")
+        f"teacher | AUC [95% interval, {args.bootstrap} draws of games]")
     lines = [header, f"{'':<36}" + "".join(f"{c:>22}" for c in COLUMNS)]
 
     def show(v):

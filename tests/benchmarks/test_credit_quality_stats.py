@@ -150,3 +150,35 @@ def test_a_rerun_reads_every_forward_from_the_cache(tiny_qwen3, tmp_path):
     for name, mtime in files.items():
         changed = (cache / name).stat().st_mtime_ns != mtime
         assert changed == (name == "teacher-placebo.pt"), name
+
+
+def test_policy_groups_replay_the_expert_groups_games_and_a_game_is_one_bootstrap_unit(cq, tiny_qwen3):
+    """--policy-episodes: policy group t plays expert group t's game; the bootstrap draws games, so the two
+    groups that played one game are always drawn together (and two seeds on one game of a small panel too)."""
+    from trainer.credit_auc import resample_counts
+    from trainer.policy import load_policy
+
+    model, tokenizer = load_policy(str(tiny_qwen3), device="cpu", dtype="float32")
+    options = {"room": "small", "panel_own_types": True, "panel_size": {"train": 6, "valid_seen": 0, "valid_unseen": 0},
+               "progress": False, "max_turns": 2}
+    settings = {"env": "agentgym/ALFWorld-Pick-v0", "options": options, "tasks": 3, "group_size": 2, "detour": 0.5,
+                "free_form_detours": False, "policy_episodes": 6, "seed": 0}
+    episodes = cq.play_episodes(settings, model, tokenizer, progress=False)
+    game = {}
+    for e in episodes:
+        game.setdefault(e.group, set()).add(e.task_id)
+    assert all(len(tasks) == 1 for tasks in game.values())
+    assert {f"p{t}" for t in range(3)} <= set(game)
+    for t in range(3):
+        assert game[f"p{t}"] == game[f"t{t}"]  # the same game, a group of its own
+    units = cq.bootstrap_units(episodes)
+    assert len(set(units)) == 3 and len({e.group_key for e in episodes}) == 6
+    counts = resample_counts(units, 200, np.random.default_rng(0))
+    for t in range(3):
+        expert = [i for i, e in enumerate(episodes) if e.group == f"t{t}"]
+        policy = [i for i, e in enumerate(episodes) if e.group == f"p{t}"]
+        assert (counts[:, expert] == counts[:, policy[:1]]).all() and (counts[:, policy] == counts[:, policy[:1]]).all()
+    # by group (as before) the two groups of one game would be drawn apart in some draws
+    by_group = resample_counts([e.group_key for e in episodes], 200, np.random.default_rng(0))
+    assert (by_group[:, [episodes.index(next(e for e in episodes if e.group == "t0"))]]
+            != by_group[:, [episodes.index(next(e for e in episodes if e.group == "p0"))]]).any()
