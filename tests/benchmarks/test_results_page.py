@@ -24,3 +24,21 @@ def test_a_table_cell_with_a_pipe_keeps_the_headers_cell_count():
     table = markdown_table(["flag", "meaning"], [["`--a | --b`", "either"], ["x", "y|z"]])
     [(width, rows)] = markdown_tables(table + "\n")
     assert width == 2 and [len(table_cells(row)) for _, row in rows] == [2, 2]
+
+
+def table_widths(body: str) -> list[tuple[int, list[int]]]:
+    """(header's cell count, [cell count of each row]) of each table in a page body."""
+    return [(width, [len(table_cells(row)) for _, row in rows]) for width, rows in markdown_tables(body)]
+
+
+def test_credit_speeds_page_shows_each_methods_time_and_ratio_to_grpo():
+    from benchmarks.credit_speed import results_page_body
+
+    timings = {"grpo": (0.010, 0.012, 0.011), "gigpo": (0.030, 0.031, 0.030), "stepopsd": (0.250, 0.3, 0.26)}
+    body = results_page_body(100, 10, 100, {"full": (100, 2064, timings), "window": (1000, 356, timings)})
+    assert "100,000 generated tokens" in body and "[100 x 2064]" in body and "[1000 x 356]" in body
+    assert [w for w, _ in table_widths(body)] == [7, 7]
+    assert all(cells == [7] * 3 for _, cells in table_widths(body))  # one row per method
+    # 10 ms on 100k generated tokens is 10 ms/100k; stepopsd at 25x GRPO misses the 20x target
+    assert "| grpo | 10.0 | 12.0 | 11.0 | 10.00 | 1.00 | ok |" in body
+    assert "| stepopsd | 250.0 | 300.0 | 260.0 | 250.00 | 25.00 | MISS |" in body
