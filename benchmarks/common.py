@@ -6,7 +6,9 @@ from __future__ import annotations
 import gc
 import io
 import os
+import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +16,9 @@ from typing import Any
 
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_text
 
-__all__ = ["DISCUSSION_MARKER", "PAGES", "REPO", "SHARED_DATA", "add_page_argument", "cpu_model", "git_commit",
-           "load_average", "markdown_table", "percentile", "save_png", "timed", "write_results_page"]
+__all__ = ["DISCUSSION_MARKER", "PAGES", "REPO", "SHARED_DATA", "add_page_argument", "benchmark_command",
+           "cpu_model", "git_commit", "load_average", "markdown_table", "percentile", "save_png", "timed",
+           "write_results_page"]
 
 REPO = Path(__file__).resolve().parents[1]
 # Real public samples (../shared/data beside the checkout): only benchmarks and real-data tests read them.
@@ -94,6 +97,13 @@ def add_page_argument(ap) -> None:
     by default: its figures would replace the page's)."""
     ap.add_argument("--page", action="store_true",
                     help="write this run's figures to the benchmark's results page, docs/benchmarks/NAME.md")
+
+
+def benchmark_command(name: str, argv: list[str] | None = None) -> str:
+    """The command line that ran benchmark `name` (benchmarks/`name`.py) with this process's arguments
+    (or `argv`), quoted as a shell needs: what a results page names."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python -m benchmarks." + name, *(shlex.quote(a) for a in args)])
 
 
 def write_results_page(name: str, title: str, body: str, *, command: str, threads: int | None = None,

@@ -26,12 +26,11 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 
 import torch
 
-from benchmarks.common import add_page_argument, load_average, markdown_table, write_results_page
+from benchmarks.common import add_page_argument, benchmark_command, load_average, markdown_table, write_results_page
 from trainer.credit import CreditBatch, CreditConfig, compute_advantages
 
 METHODS = ["grpo", "gigpo", "stepopsd", "agentopsd", "rlsd"]
@@ -170,7 +169,7 @@ def main() -> None:
         page = write_results_page(
             "credit_speed", "How fast the credit core is: each method's compute_advantages on one synthetic batch",
             results_page_body(args.episodes, args.turns, args.tokens, measured),
-            command="python -m benchmarks.credit_speed " + " ".join(sys.argv[1:]), threads=torch.get_num_threads(),
+            command=benchmark_command("credit_speed"), threads=torch.get_num_threads(),
             load=[load_before[0], load_average()[0]])
         print(f"results page: {page}")
 

@@ -42,3 +42,22 @@ def test_credit_speeds_page_shows_each_methods_time_and_ratio_to_grpo():
     # 10 ms on 100k generated tokens is 10 ms/100k; stepopsd at 25x GRPO misses the 20x target
     assert "| grpo | 10.0 | 12.0 | 11.0 | 10.00 | 1.00 | ok |" in body
     assert "| stepopsd | 250.0 | 300.0 | 260.0 | 250.00 | 25.00 | MISS |" in body
+
+
+def test_the_command_a_page_names_runs_the_benchmark_with_its_arguments_quoted():
+    from benchmarks.common import benchmark_command
+
+    assert benchmark_command("env_pool", ["--envs", "cpu,webshop", "--page"]) == \
+        "python -m benchmarks.env_pool --envs cpu,webshop --page"
+    assert benchmark_command("warm_start", ["--model", "runs/my model"]) == \
+        "python -m benchmarks.warm_start --model 'runs/my model'"
+
+
+def test_alfworld_game_costs_page_shows_each_measures_median_and_range():
+    from benchmarks.alfworld_game_costs import results_page_body
+
+    body = results_page_body({"file_kb": [10.0, 30.0, 20.0], "propositions": [5, 9, 7]}, 12.34, [40.0, 2.0, 4.0, 3.0])
+    assert "3 embedded train games" in body
+    assert "| file_kb | 20.00 | 10.00 | 30.00 |" in body and "| propositions | 7.00 | 5.00 | 9.00 |" in body
+    assert "12.3 MB" in body and "| 40.0 ms |" in body and "| 3.0 ms |" in body  # first lookup, then the median
+    assert table_widths(body) == [(4, [4, 4]), (2, [2, 2, 2])]
