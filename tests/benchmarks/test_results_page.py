@@ -61,3 +61,27 @@ def test_alfworld_game_costs_page_shows_each_measures_median_and_range():
     assert "| file_kb | 20.00 | 10.00 | 30.00 |" in body and "| propositions | 7.00 | 5.00 | 9.00 |" in body
     assert "12.3 MB" in body and "| 40.0 ms |" in body and "| 3.0 ms |" in body  # first lookup, then the median
     assert table_widths(body) == [(4, [4, 4]), (2, [2, 2, 2])]
+
+
+def test_warm_starts_page_shows_each_panels_success_with_its_interval():
+    from benchmarks.warm_start import results_page_body
+
+    results = {"train (its own games)": {"games": 10, "wins": 7, "success": 0.7, "ci95": [0.397, 0.892],
+                                         "format_ok": 0.99, "admissible": 0.9},
+               "valid_seen, twin-free": {"split": "valid_seen", "games": 0}}
+    body = results_page_body("warm start: model m", results)
+    assert body.startswith("warm start: model m")
+    assert "| train (its own games) | 10 | 7 | 70.0% | [39.7, 89.2] | 99.0% | 90.0% |" in body
+    assert table_widths(body) == [(7, [7, 7])]  # a panel with no games keeps the row's cells
+
+
+def test_teacher_speeds_page_shows_each_phase_and_the_ratio_to_grpo():
+    from benchmarks.teacher_speed import results_page_body
+
+    best = {("grpo", None): {"rows": 0.1, "old_logprobs": 0.2, "credit": 0.1, "update": 1.6, "total": 2.0},
+            ("stepopsd", "prefix"): {"rows": 0.1, "old_logprobs": 0.2, "teacher": 0.5, "credit": 0.2, "update": 1.6,
+                                     "total": 2.6}}
+    body = results_page_body("batch: 4 episodes", best)
+    assert "| grpo | - | 0.10 | 0.20 | 0.00 | 0.10 | 1.60 | 2.00 | 1.00 |" in body
+    assert "| stepopsd | prefix | 0.10 | 0.20 | 0.50 | 0.20 | 1.60 | 2.60 | 1.30 |" in body
+    assert table_widths(body) == [(9, [9, 9])]
