@@ -85,3 +85,35 @@ def test_teacher_speeds_page_shows_each_phase_and_the_ratio_to_grpo():
     assert "| grpo | - | 0.10 | 0.20 | 0.00 | 0.10 | 1.60 | 2.00 | 1.00 |" in body
     assert "| stepopsd | prefix | 0.10 | 0.20 | 0.50 | 0.20 | 1.60 | 2.60 | 1.30 |" in body
     assert table_widths(body) == [(9, [9, 9])]
+
+
+def test_a_small_plot_goes_next_to_the_page_and_a_large_one_stays_with_the_run(tmp_path):
+    from benchmarks.common import PAGE_PLOT_MAX_BYTES, page_plot
+
+    pages, run = tmp_path / "pages", tmp_path / "run"
+    run.mkdir()
+    (run / "small.png").write_bytes(b"\x89PNG" + bytes(1000))
+    (run / "large.png").write_bytes(b"\x89PNG" + bytes(PAGE_PLOT_MAX_BYTES))
+    assert page_plot(run / "small.png", "speed", pages=pages) == ("speed.png",)
+    assert (pages / "speed.png").read_bytes() == (run / "small.png").read_bytes()
+    assert page_plot(run / "large.png", "big", pages=pages) == () and not (pages / "big.png").exists()
+    assert page_plot(run / "missing.png", "gone", pages=pages) == ()
+    page = write_results_page("speed", "Speed", "1.0", command="python -m benchmarks.speed", commit="abc1234",
+                              plots=("speed.png",), pages=pages)
+    assert "![speed](speed.png)" in page.read_text()
+
+
+def test_retrieval_qualitys_page_shows_answer_and_support_recall():
+    from benchmarks.retrieval_quality import K, results_page_body
+
+    recall = {f"recall@{k}": k / K for k in range(1, K + 1)}
+    support = {**{f"support_recall@{k}": k / 20 for k in range(1, K + 1)},
+               **{f"all_support@{k}": k / 40 for k in range(1, K + 1)}}
+    results = {"corpus": {"passages": 12033}, "answer_recall": {"NQ | open": {"questions": 50, **recall,
+                                                                            "answer_in_corpus": 0.8}},
+               "support_recall": {"HotpotQA": {"questions": 100, **support}}}
+    body = results_page_body(results)
+    assert "12,033 passages" in body
+    assert "| NQ \\| open | 50 | 0.100 | 0.300 | 1.000 | 0.800 |" in body  # a pipe in a name is escaped
+    assert "| HotpotQA | 100 | 0.050 | 0.150 | 0.500 | 0.075 | 0.250 |" in body
+    assert table_widths(body) == [(6, [6]), (7, [7])]
