@@ -117,3 +117,20 @@ def test_retrieval_qualitys_page_shows_answer_and_support_recall():
     assert "| NQ \\| open | 50 | 0.100 | 0.300 | 1.000 | 0.800 |" in body  # a pipe in a name is escaped
     assert "| HotpotQA | 100 | 0.050 | 0.150 | 0.500 | 0.075 | 0.250 |" in body
     assert table_widths(body) == [(6, [6]), (7, [7])]
+
+
+def test_webshop_experts_page_lists_the_misses_with_their_reasons():
+    from benchmarks.webshop_expert import results_page_body
+
+    figures = {"expert": {"goals": 4, "success": 0.5, "mean_score": 0.875, "mean_turns": 5.0},
+               "random": {"goals": 4, "success": 0.0, "mean_score": 0.1, "mean_turns": 10.75},
+               "expert_failures": [
+                   {"task_id": "test-1", "score": 0.75, "asin": "B01", "reasons": ["size | color", "x"]},
+                   {"task_id": "test-3", "score": 0.5, "asin": "B03", "reasons": ["not found"]}],
+               "tagger": {"line": "type tagger: skipped"}}
+    body = results_page_body(figures, {"not found": 1, "unattainable on the target": 1}, "type tagger: skipped",
+                             shown=1)
+    assert "| expert | 4 | 0.5000 | 0.8750 | 5.00 |" in body and "| random | 4 | 0.0000 | 0.1000 | 10.75 |" in body
+    assert "misses: 2, by cause: not found 1, unattainable on the target 1" in body
+    assert "| test-1 | 0.750 | B01 | size \\| color; x |" in body and "test-3" not in body and "1 more" in body
+    assert table_widths(body) == [(5, [5, 5]), (4, [4])]
