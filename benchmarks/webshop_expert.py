@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         page = write_results_page(
             "webshop_expert", "WebShop's expert and the random agent over every goal of a catalog, with each miss",
             results_page_body(figures, dict(kinds), tagger["line"]),
-            command=benchmark_command("webshop_expert", sys.argv[1:] if argv is None else argv),
+            command=benchmark_command("webshop_expert", argv),
             load=[load_before[0], load_average()[0]])
         print(f"results page: {page}")
     return 0

@@ -134,3 +134,14 @@ def test_webshop_experts_page_lists_the_misses_with_their_reasons():
     assert "misses: 2, by cause: not found 1, unattainable on the target 1" in body
     assert "| test-1 | 0.750 | B01 | size \\| color; x |" in body and "test-3" not in body and "1 more" in body
     assert table_widths(body) == [(5, [5, 5]), (4, [4])]
+
+
+def test_webshop_speeds_page_has_one_row_per_figure():
+    from benchmarks.webshop_speed import results_page_body
+
+    figures = {"catalog": "builtin", "products": 1200, "goals": 3000, "envs": 64, "episodes": 192,
+               "search_ms_p50": 4.25, "mean_score": None}
+    body = results_page_body(figures)
+    assert "64 env instances over the builtin catalog (1,200 products, 3,000 goals), 192 episodes" in body
+    assert "| `search_ms_p50` | 4.25 |" in body and "| `mean_score` | - |" in body
+    assert table_widths(body) == [(2, [2] * len(figures))]
