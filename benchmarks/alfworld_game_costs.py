@@ -45,6 +45,7 @@ def main() -> int:
     add_page_argument(parser)
     args = parser.parse_args()
     load_before = load_average()
+    command = benchmark_command("alfworld_game_costs")  # before anything can change sys.argv (alfworld's code does)
 
     import mementos.core
     from fast_downward.interface import DOWNWARD_LIB_PATH
@@ -95,7 +96,7 @@ def main() -> int:
             "alfworld_game_costs",
             "What one ALFWorld game costs a process: its files, SAS translation and interned propositions",
             results_page_body(rows, os.path.getsize(DOWNWARD_LIB_PATH) / 1e6, lookups),
-            command=benchmark_command("alfworld_game_costs"),
+            command=command,
             load=[load_before[0], load_average()[0]])
         print(f"results page: {page}")
     return 0

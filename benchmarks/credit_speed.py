@@ -134,6 +134,7 @@ def main() -> None:
     add_page_argument(parser)
     args = parser.parse_args()
     load_before = load_average()
+    command = benchmark_command("credit_speed")  # before anything can change sys.argv (alfworld's code does)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -169,7 +170,7 @@ def main() -> None:
         page = write_results_page(
             "credit_speed", "How fast the credit core is: each method's compute_advantages on one synthetic batch",
             results_page_body(args.episodes, args.turns, args.tokens, measured),
-            command=benchmark_command("credit_speed"), threads=torch.get_num_threads(),
+            command=command, threads=torch.get_num_threads(),
             load=[load_before[0], load_average()[0]])
         print(f"results page: {page}")
 

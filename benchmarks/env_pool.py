@@ -66,6 +66,7 @@ def main() -> None:
     add_page_argument(parser)
     args = parser.parse_args()
     load_before = load_average()
+    command = benchmark_command("env_pool")  # before anything can change sys.argv (alfworld's code does)
     agentgym_opsd.load_plugins(reload=True)
     wanted = {name.strip().lower() for name in args.envs.split(",")}
     envs = {}
@@ -102,7 +103,7 @@ def main() -> None:
     if args.page:
         page = write_results_page(
             "env_pool", "Env worker pool throughput: expert episodes per second in-process and with worker processes",
-            results_page_body(args.episodes, measured), command=benchmark_command("env_pool"),
+            results_page_body(args.episodes, measured), command=command,
             load=[load_before[0], load_average()[0]])
         print(f"results page: {page}")
 

@@ -141,6 +141,7 @@ def run(work: Path) -> int:
     add_page_argument(parser)
     args = parser.parse_args()
     load_before = load_average()
+    command = benchmark_command("retrieval_quality")  # before anything can change sys.argv (alfworld's code does)
     if not (SHARED_DATA / "wiki").is_dir():
         print(f"needs {SHARED_DATA} (the shared data folder beside the repo)", file=sys.stderr)
         return 2
@@ -189,7 +190,7 @@ def run(work: Path) -> int:
     if args.page:
         page = write_results_page(
             "retrieval_quality", "Retrieval quality of the BM25 index: answer and supporting-passage recall@k",
-            results_page_body(results), command=benchmark_command("retrieval_quality"), threads=args.threads,
+            results_page_body(results), command=command, threads=args.threads,
             load=[load_before[0], load_average()[0]], plots=page_plot(out / "recall.png", "retrieval_quality"))
         print(f"results page: {page}")
     return 0

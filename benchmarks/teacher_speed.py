@@ -82,6 +82,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     load_before = load_average()
+    command = benchmark_command("teacher_speed", argv)  # before anything can change sys.argv (alfworld's code does)
 
     work = Path(tempfile.mkdtemp(prefix="teacher-speed-"))
     env_options = {"room": "small", "split": "train", "max_turns": args.max_turns,
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
     if args.page:
         page = write_results_page(
             "teacher_speed", "What the teacher costs: each credit method's update step on one batch",
-            results_page_body(batch, best), command=benchmark_command("teacher_speed"), threads=1,
+            results_page_body(batch, best), command=command, threads=1,
             load=[load_before[0], load_average()[0]])
         print(f"results page: {page}")
     return 0

@@ -123,6 +123,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     agentgym_opsd.load_plugins()
     load_before = load_average()
+    command = benchmark_command("warm_start", argv)  # before anything can change sys.argv (alfworld's code does)
     started = time.perf_counter()
     out = Path(args.out)
     n = args.episodes
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
         page = write_results_page(
             "warm_start", "Does the warm start generalise? Success on its training games and on held-out ones",
             results_page_body(described + f"; warm start {warm_seconds:.0f} s, total {wall:.0f} s", results),
-            command=benchmark_command("warm_start"), threads=1, load=[load_before[0], load_average()[0]])
+            command=command, threads=1, load=[load_before[0], load_average()[0]])
         print(f"results page: {page}")
     return 0
 

@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     add_page_argument(parser)
     args = parser.parse_args(argv)
     load_before = load_average()
+    command = benchmark_command("webshop_expert", argv)  # before anything can change sys.argv (alfworld's code does)
 
     index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-expert-")) / "index")
     catalog = None if args.catalog == "builtin" else args.catalog
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         page = write_results_page(
             "webshop_expert", "WebShop's expert and the random agent over every goal of a catalog, with each miss",
             results_page_body(figures, dict(kinds), tagger["line"]),
-            command=benchmark_command("webshop_expert", argv),
+            command=command,
             load=[load_before[0], load_average()[0]])
         print(f"results page: {page}")
     return 0

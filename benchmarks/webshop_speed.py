@@ -228,6 +228,7 @@ def results_page_body(figures: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load_before = load_average()
+    command = benchmark_command("webshop_speed", argv)  # before anything can change sys.argv (alfworld's code does)
     index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-speed-")) / "index")
     catalog = None if args.catalog == "builtin" else args.catalog
     if not args.no_heap:
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.page:
         page = write_results_page(
             "webshop_speed", "WebShop speed and memory: one process holding many env instances over one catalog",
-            results_page_body(figures), command=benchmark_command("webshop_speed", argv),
+            results_page_body(figures), command=command,
             load=[load_before[0], load_average()[0]])
         print(f"results page: {page}")
     return 0

@@ -145,3 +145,19 @@ def test_webshop_speeds_page_has_one_row_per_figure():
     assert "64 env instances over the builtin catalog (1,200 products, 3,000 goals), 192 episodes" in body
     assert "| `search_ms_p50` | 4.25 |" in body and "| `mean_score` | - |" in body
     assert table_widths(body) == [(2, [2] * len(figures))]
+
+
+def test_alfworld_speeds_page_shows_each_engines_latency_and_the_thread_rates():
+    from benchmarks.alfworld_speed import results_page_body
+
+    results = {"games": "2 games", "notes": ["ratio ours/raw: step 0.0250", "mismatches: 0"],
+               "latencies": [("ours", "step", [0.001, 0.003, 0.002]), ("raw", "reset (load | reset)", [0.5])],
+               "threads": {"games": 2, "rounds": 3, "steps_per_s": {1: 400.0, 2: 500.0}, "c_share": 0.25}}
+    body = results_page_body(results)
+    assert "| ours | step | 2.00 | 2.00 | 3 |" in body
+    assert "| raw | reset (load \\| reset) | 500.00 | 500.00 | 1 |" in body
+    assert "- ratio ours/raw: step 0.0250" in body and "25.0% of a step" in body
+    assert "| 2 | 500 | 1.25 |" in body  # against the first thread count
+    assert table_widths(body) == [(5, [5, 5]), (3, [3, 3])]
+    del results["threads"]
+    assert table_widths(results_page_body(results)) == [(5, [5, 5])]
