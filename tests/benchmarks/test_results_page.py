@@ -161,3 +161,25 @@ def test_alfworld_speeds_page_shows_each_engines_latency_and_the_thread_rates():
     assert table_widths(body) == [(5, [5, 5]), (3, [3, 3])]
     del results["threads"]
     assert table_widths(results_page_body(results)) == [(5, [5, 5])]
+
+
+def test_the_scale_page_names_each_runs_command_and_commit_and_keeps_its_discussion(tmp_path):
+    from benchmarks.scale import write_report
+
+    def run(size: int, items_mib: float, commit: str) -> dict:
+        return {"items_mib": items_mib, "command": f"python -m benchmarks.scale --webshop {size}", "commit": commit,
+                "load": {"load_mean": 1.5, "load_max": 2.0}}
+
+    results = {"machine": {"cpus": 2, "memory_gib": 23.5},
+               "runs": {"webshop": {"1000": run(1000, 2.0, "abc1234"), "10000": run(10000, 20.0, "def5678")}}}
+    write_report(results, tmp_path, command="python -m benchmarks.scale --report")
+    page = tmp_path / "scale.md"
+    page.write_text(page.read_text() + "What the sizes mean for a user.\n")
+    results["runs"]["webshop"]["10000"] = run(10000, 21.0, "abc1234")  # measured again, at one commit
+    text = write_report(results, tmp_path, command="python -m benchmarks.scale --webshop 10000 --again")
+    above, below = text.split(DISCUSSION_MARKER)
+    assert "What the sizes mean for a user." in below and "def5678" not in text
+    assert "Measured at commit abc1234" in above and "    python -m benchmarks.scale --webshop 10000 --again" in above
+    assert "`python -m benchmarks.scale --webshop 10000` (commit abc1234)" in above
+    assert COMMAND.search(above) and COMMIT.search(above) and (tmp_path / "webshop.png").is_file()
+    assert all(cells == [width] * len(cells) for width, cells in table_widths(above))
