@@ -183,3 +183,23 @@ def test_the_scale_page_names_each_runs_command_and_commit_and_keeps_its_discuss
     assert "`python -m benchmarks.scale --webshop 10000` (commit abc1234)" in above
     assert COMMAND.search(above) and COMMIT.search(above) and (tmp_path / "webshop.png").is_file()
     assert all(cells == [width] * len(cells) for width, cells in table_widths(above))
+
+
+def test_retrieval_speeds_page_shows_each_servers_figures_and_the_ratios_to_the_goals():
+    from benchmarks.retrieval_speed import results_page_body
+
+    def r(qps: float) -> dict:
+        return {"qps": qps, "p50_ms": 12.34, "p99_ms": 40.0, "server_cpu_ms_per_query": 1.5, "errors": 0}
+
+    results = {"queries": 1805, "topk": 3, "rounds": 9, "seconds": 4.0, "build": {"seconds": 6.3},
+               "in_process": {"qps": 2000.0, "cpu_ms_per_query": 0.5}, "peak_rss_mib": {"ours": 300},
+               "medians": {"ours": {"16 clients x 1 query": r(1200.0)},
+                           "Search-R1-shaped": {"16 clients x 1 query": r(400.0)}},
+               "ratios": {"16 clients x 1 query": {"ours_over_in_process": 0.6, "ours_over_search_r1_shaped": 3.0,
+                                                   "ours_over_search_r1_shaped_per_round": [2.5, 3.5],
+                                                   "goal_over_in_process": 0.5}}}
+    body = results_page_body(results)
+    assert "| 16 clients x 1 query | ours | 1,200 | 12.3 | 40.0 | 1.50 | 0 |" in body
+    assert "| 16 clients x 1 query | 3.00x | 2.50-3.50x | 0.60x | >= 0.5x |" in body
+    assert "2,000 queries/s" in body and "ours 300" in body
+    assert table_widths(body) == [(7, [7, 7]), (5, [5])]
