@@ -203,3 +203,18 @@ def test_retrieval_speeds_page_shows_each_servers_figures_and_the_ratios_to_the_
     assert "| 16 clients x 1 query | 3.00x | 2.50-3.50x | 0.60x | >= 0.5x |" in body
     assert "2,000 queries/s" in body and "ours 300" in body
     assert table_widths(body) == [(7, [7, 7]), (5, [5])]
+
+
+def test_the_load_page_shows_the_warm_up_and_the_load_with_their_failures():
+    from benchmarks.load import LoadResult, results_page_body
+
+    warm = LoadResult(clients=64, seconds=15.0, requests=3000, requests_per_s=200.0, p50_ms=250.0, p99_ms=900.0,
+                      max_ms=1500.0)
+    load = LoadResult(clients=64, seconds=60.0, requests=12000, failures=1, failure_examples=["wrong ids | q"],
+                      requests_per_s=200.0, p50_ms=250.5, p99_ms=800.0, max_ms=1200.0, rss_start_mb=400.0,
+                      rss_end_mb=410.0, rss_min_mb=395.0, rss_max_mb=420.0)
+    body = results_page_body({"passages": 12033, "queries": 2000, "warmup": warm, "load": load, "slow": None})
+    assert "| warmup | 64 | 15 | 3000 | 200 | 250.0 | 900.0 | 1500 | 0 | - |" in body
+    assert "| load | 64 | 60 | 12000 | 200 | 250.5 | 800.0 | 1200 | 1 | 400 -> 410 (min 395, max 420) |" in body
+    assert "- failure: wrong ids | q" in body and "12,033 passages" in body
+    assert table_widths(body) == [(10, [10, 10])]  # the failure list is not read as a table row
