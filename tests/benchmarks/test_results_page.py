@@ -218,3 +218,12 @@ def test_the_load_page_shows_the_warm_up_and_the_load_with_their_failures():
     assert "| load | 64 | 60 | 12000 | 200 | 250.5 | 800.0 | 1200 | 1 | 400 -> 410 (min 395, max 420) |" in body
     assert "- failure: wrong ids | q" in body and "12,033 passages" in body
     assert table_widths(body) == [(10, [10, 10])]  # the failure list is not read as a table row
+
+
+def test_train_speeds_page_keeps_the_printed_report_in_one_code_block():
+    from benchmarks.train_speed import results_page_body
+
+    lines = ["", "choice  tok/s | x full", "full      100 | 1.00", "lora8     300 | 3.00", ""]
+    body = results_page_body(lines)
+    assert body == "```\nchoice  tok/s | x full\nfull      100 | 1.00\nlora8     300 | 3.00\n```"
+    assert markdown_tables(body) == []  # the fixed-width table is code, not a markdown table with pipes
