@@ -227,3 +227,21 @@ def test_train_speeds_page_keeps_the_printed_report_in_one_code_block():
     body = results_page_body(lines)
     assert body == "```\nchoice  tok/s | x full\nfull      100 | 1.00\nlora8     300 | 3.00\n```"
     assert markdown_tables(body) == []  # the fixed-width table is code, not a markdown table with pipes
+
+
+def test_credit_qualitys_page_shows_each_families_aucs_and_paired_differences():
+    from benchmarks.credit_quality import COLUMNS, results_page_body
+
+    auc = {"auc": 0.75, "low": 0.6, "high": 0.9}
+    report = {"family": "alfworld", "model": "tiny", "table": "env (room=small) | model tiny | AUC\nmore lines",
+              "results": {"grpo": {COLUMNS[0]: {"auc": 0.5, "low": 0.5, "high": 0.5}}, "stepopsd": {COLUMNS[2]: auc}},
+              "differences": {"stepopsd - grpo | token/success": {"auc": 0.25, "low": 0.1, "high": 0.4},
+                              "rlsd - grpo | token/failure": {"auc": None}},
+              "goals": ["stepopsd token/success 0.75 [0.60, 0.90] > 0.7 and above 0.5: met"]}
+    body = results_page_body([report, {**report, "family": "webshop", "goals": None}])
+    assert "## alfworld, model tiny" in body and "## webshop, model tiny" in body
+    assert "env (room=small) ; model tiny ; AUC" in body and "more lines" not in body
+    assert "| stepopsd | - | - | 0.75 [0.60, 0.90] | - |" in body
+    assert "| stepopsd - grpo | token/success | +0.25 [+0.10, +0.40] |" in body and "| token/failure | - |" in body
+    assert body.count("- stepopsd token/success 0.75") == 1  # the goals: ALFWorld's only
+    assert table_widths(body) == [(5, [5, 5]), (3, [3, 3])] * 2
