@@ -6,7 +6,9 @@ interns (in a table it never empties) when the game is compiled and reset, and t
 keeps alive (what a process held per game played, before `bound_interned_propositions`). Per process: the copy of
 fast-downward's library each engine loads, and one installed-version lookup of importlib.metadata.
 
-    .venv/bin/python -m benchmarks.alfworld_game_costs [--games-per-type 2]
+    .venv/bin/python -m benchmarks.alfworld_game_costs [--games-per-type 2] [--page]
+
+`--page` also writes the figures to docs/benchmarks/alfworld_game_costs.md.
 """
 
 from __future__ import annotations
@@ -20,15 +22,30 @@ import tracemalloc
 import zlib
 from importlib import metadata
 
+from benchmarks.common import add_page_argument, benchmark_command, load_average, markdown_table, write_results_page
 from environments.alfworld import compiled
 from environments.alfworld.env import AlfWorldEnv
 from environments.alfworld.grammar import TextWorldImports
 
 
+def results_page_body(rows: dict[str, list[float]], library_mb: float, lookups_ms: list[float]) -> str:
+    """The results page's figures: per measure, the median and range over the games; the per-process costs."""
+    table = [[name, f"{statistics.median(v):.2f}", f"{min(v):.2f}", f"{max(v):.2f}"] for name, v in rows.items()]
+    games = len(next(iter(rows.values()), []))
+    return (f"{games} embedded train games; per game:\n\n" + markdown_table(["measure", "median", "min", "max"], table)
+            + "\n\nPer process:\n\n" + markdown_table(["cost", "figure"], [
+                ["fast-downward library copied per engine", f"{library_mb:.1f} MB"],
+                ["importlib.metadata.version, first lookup", f"{lookups_ms[0]:.1f} ms"],
+                ["importlib.metadata.version, later lookups (median)", f"{statistics.median(lookups_ms[1:]):.1f} ms"]]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--games-per-type", type=int, default=2, help="embedded train games per task type")
+    add_page_argument(parser)
     args = parser.parse_args()
+    load_before = load_average()
+    command = benchmark_command("alfworld_game_costs")  # before anything can change sys.argv (alfworld's code does)
 
     import mementos.core
     from fast_downward.interface import DOWNWARD_LIB_PATH
@@ -74,6 +91,14 @@ def main() -> int:
     print(f"fast-downward library copied per engine: {os.path.getsize(DOWNWARD_LIB_PATH) / 1e6:.1f} MB")
     later = statistics.median(lookups[1:])
     print(f"importlib.metadata.version: first lookup {lookups[0]:.1f} ms, then median {later:.1f} ms")
+    if args.page:
+        page = write_results_page(
+            "alfworld_game_costs",
+            "What one ALFWorld game costs a process: its files, SAS translation and interned propositions",
+            results_page_body(rows, os.path.getsize(DOWNWARD_LIB_PATH) / 1e6, lookups),
+            command=command,
+            load=[load_before[0], load_average()[0]])
+        print(f"results page: {page}")
     return 0
 
 

@@ -19,7 +19,9 @@ Actions: for each game, a fixed sequence recorded once from our env (seeded: ran
 a few non-admissible ones, then the expert to the goal), replayed identically on every engine; the
 observations are checked equal along the way.
 
-    .venv/bin/python -m benchmarks.alfworld_speed [--games-per-type 2] [--split valid_seen]
+    .venv/bin/python -m benchmarks.alfworld_speed [--games-per-type 2] [--split valid_seen] [--page]
+
+`--page` also writes the figures to docs/benchmarks/alfworld_speed.md.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import SHARED_DATA
+from benchmarks.common import (SHARED_DATA, add_page_argument, benchmark_command, load_average, markdown_table,
+                               write_results_page)
 from environments.alfworld.compiled import compile_game, forget_compiled_games
 from environments.alfworld.engine import AlfredEngine
 from environments.alfworld.env import AlfWorldEnv
@@ -66,8 +69,9 @@ def record_actions(env, seed: int, random_steps: int, rng: random.Random) -> lis
     return actions
 
 
-def compare_threads(plans, thread_counts: list[int], rounds: int = 3) -> None:
-    """Steps per second when the games' replays run on a pool of N threads (one env per game)."""
+def compare_threads(plans, thread_counts: list[int], rounds: int = 3) -> dict:
+    """Steps per second when the games' replays run on a pool of N threads (one env per game): printed, and
+    returned as {"games", "rounds", "steps_per_s": {N: best rate}, "c_share": share of a step in C calls}."""
     from concurrent.futures import ThreadPoolExecutor
 
     jobs = []
@@ -127,6 +131,7 @@ def compare_threads(plans, thread_counts: list[int], rounds: int = 3) -> None:
           f" so N threads gain at most x{1 / (1 - share + share / max(thread_counts)):.2f}")
     for env, _, _ in jobs:
         env.close()
+    return {"games": len(jobs), "rounds": rounds, "steps_per_s": best, "c_share": share}
 
 
 def summary(values: list[float]) -> str:
@@ -214,7 +219,8 @@ def ours_against_raw(plans) -> tuple[dict[str, list[float]], int]:
 
 
 def print_ours_against_raw(first: list[float], cold: list[float], times: dict[str, list[float]],
-                           mismatches: int) -> None:
+                           mismatches: int) -> list[str]:
+    """Print the latencies of ours and raw and their ratios; return the ratio and mismatch lines."""
     print()
     print(f"{'':22s} {'ours':>52s}")
     print(f"reset, game's 1st use  {summary(first)}   (translates; once per machine)")
@@ -230,14 +236,43 @@ def print_ours_against_raw(first: list[float], cold: list[float], times: dict[st
     r_cold = statistics.fmean(cold) / raw_reset
     r_first = statistics.fmean(first) / raw_reset
     r_step = statistics.fmean(times["ours_step"]) / statistics.fmean(times["raw_step"])
-    print(f"ratio ours/raw: reset {r_reset:.4f} (new process {r_cold:.3f}, 1st use {r_first:.2f}), step {r_step:.4f} "
-          f"-> per-step overhead {100 * (r_step - 1):+.1f}% (goal: <= +10%), speed-up x{1 / r_step:.0f}")
-    print(f"observation/admissible mismatches along the replay: {mismatches}")
+    lines = [f"ratio ours/raw: reset {r_reset:.4f} (new process {r_cold:.3f}, 1st use {r_first:.2f}), step "
+             f"{r_step:.4f} -> per-step overhead {100 * (r_step - 1):+.1f}% (goal: <= +10%), "
+             f"speed-up x{1 / r_step:.0f}",
+             f"observation/admissible mismatches along the replay: {mismatches}"]
+    print("\n".join(lines))
+    return lines
 
 
-def compare_alfredtwenv(real, plan) -> None:
+def latency_rows(first: list[float], cold: list[float], times: dict[str, list[float]]) -> list[tuple]:
+    """(engine, what, seconds of each call) of ours and raw, as print_ours_against_raw prints them."""
+    return [("ours", "reset, game's 1st use (translates; once per machine)", first),
+            ("ours", "reset, new process (translation read from the disk cache)", cold),
+            ("ours", "reset", times["ours_reset"]), ("ours", "step", times["ours_step"]),
+            ("raw: TextWorld PddlEnv + AlfredDemangler + AlfredInfos", "reset (load + reset)", times["raw_reset"]),
+            ("raw: TextWorld PddlEnv + AlfredDemangler + AlfredInfos", "step", times["raw_step"])]
+
+
+def results_page_body(results: dict) -> str:
+    """The results page's figures: the games, each engine's reset and step latency, the ratios, and the env
+    threads' steps per second (`results` as `main` collects them)."""
+    latencies = [[engine, what, f"{1000 * statistics.fmean(v):.2f}", f"{1000 * statistics.median(v):.2f}", len(v)]
+                 for engine, what, v in results["latencies"]]
+    parts = [results["games"], markdown_table(["engine", "call", "mean ms", "median ms", "n"], latencies),
+             "\n".join(f"- {line}" for line in results["notes"])]
+    if threads := results.get("threads"):
+        rates = threads["steps_per_s"]
+        base_threads, base = next(iter(rates.items()))  # the first count asked for, as printed
+        table = [[n, f"{r:.0f}", f"{r / base:.2f}"] for n, r in rates.items()]
+        parts.append(f"Env threads: the {threads['games']} games replayed at once on a thread pool, best of "
+                     f"{threads['rounds']} rounds; {threads['c_share']:.1%} of a step is in fast-downward's C calls "
+                     "(the GIL released).\n\n" + markdown_table(["threads", "steps/s", f"x {base_threads}"], table))
+    return "\n\n".join(parts)
+
+
+def compare_alfredtwenv(real, plan) -> list[tuple]:
     """alfworld's own gym env (AlfredTWEnv, batch 1, a worker process) on the real game, the same
-    commands, against ours."""
+    commands, against ours: printed, and returned as latency rows (engine, what, seconds of each call)."""
     from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
 
     _, index, game_file, actions = plan
@@ -274,6 +309,8 @@ def compare_alfredtwenv(real, plan) -> None:
     print(f"step                   {summary(steps)}")
     print(f"ours on that game: step {summary(ours_real_steps)}")
     print(f"ratio ours/AlfredTWEnv: step {statistics.fmean(ours_real_steps) / statistics.fmean(steps):.4f}")
+    engine = "alfworld AlfredTWEnv (gym, batch 1, worker process), real game"
+    return [(engine, "reset", resets), (engine, "step", steps), ("ours, real game", "step", ours_real_steps)]
 
 
 def main() -> int:
@@ -283,22 +320,33 @@ def main() -> int:
     parser.add_argument("--random-steps", type=int, default=12, help="random commands before the expert takes over")
     parser.add_argument("--no-alfredtwenv", action="store_true", help="skip alfworld's AlfredTWEnv on the real game")
     parser.add_argument("--threads", default="1,2,4", help="thread counts for the env-threads comparison ('' to skip)")
+    add_page_argument(parser)
     args = parser.parse_args()
+    load_before = load_average()
+    command = benchmark_command("alfworld_speed")  # before anything can change sys.argv (alfworld's code does)
 
     plans, real = replay_plans(args)
     print(
         f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes slow every "
         "figure alike)")
-    print(f"{len(plans)} games ({len(plans) - (real is not None)} embedded from {args.split}, "
-          f"{int(real is not None)} real ALFWorld), {sum(len(p[3]) for p in plans)} commands in all")
+    games = (f"{len(plans)} games ({len(plans) - (real is not None)} embedded from {args.split}, "
+             f"{int(real is not None)} real ALFWorld), {sum(len(p[3]) for p in plans)} commands in all")
+    print(games)
     first, cold = first_and_cold_resets(plans)
     times, mismatches = ours_against_raw(plans)
-    print_ours_against_raw(first, cold, times, mismatches)
+    results = {"games": games, "latencies": latency_rows(first, cold, times),
+               "notes": print_ours_against_raw(first, cold, times, mismatches)}
     thread_counts = [int(t) for t in args.threads.split(",") if t.strip()]
     if thread_counts:
-        compare_threads(plans, thread_counts)
+        results["threads"] = compare_threads(plans, thread_counts)
     if real is not None and not args.no_alfredtwenv:
-        compare_alfredtwenv(real, plans[-1])
+        results["latencies"] += compare_alfredtwenv(real, plans[-1])
+    if args.page:
+        page = write_results_page(
+            "alfworld_speed", "Reset and step latency of our ALFWorld env against alfworld's own engine",
+            results_page_body(results), command=command,
+            load=[load_before[0], load_average()[0]])
+        print(f"results page: {page}")
     return 1 if mismatches else 0
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import gc
 import io
 import os
+import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +16,9 @@ from typing import Any
 
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_text
 
-__all__ = ["DISCUSSION_MARKER", "PAGES", "REPO", "SHARED_DATA", "add_page_argument", "cpu_model", "git_commit",
-           "load_average", "markdown_table", "percentile", "save_png", "timed", "write_results_page"]
+__all__ = ["DISCUSSION_MARKER", "PAGES", "REPO", "SHARED_DATA", "add_page_argument", "benchmark_command",
+           "cpu_model", "git_commit", "load_average", "markdown_table", "page_plot", "percentile", "save_png", "timed",
+           "write_results_page"]
 
 REPO = Path(__file__).resolve().parents[1]
 # Real public samples (../shared/data beside the checkout): only benchmarks and real-data tests read them.
@@ -24,6 +27,8 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # from its results; the discussion below it is written by hand and kept as it is when the page is rewritten.
 DISCUSSION_MARKER = "<!-- discussion: written by hand below this line; the benchmark rewrites only what is above -->"
 PAGES = REPO / "docs" / "benchmarks"
+# A plot larger than this stays in the run's folder: the repository keeps only small figures.
+PAGE_PLOT_MAX_BYTES = 150_000
 
 
 def git_commit() -> str:
@@ -94,6 +99,24 @@ def add_page_argument(ap) -> None:
     by default: its figures would replace the page's)."""
     ap.add_argument("--page", action="store_true",
                     help="write this run's figures to the benchmark's results page, docs/benchmarks/NAME.md")
+
+
+def benchmark_command(name: str, argv: list[str] | None = None) -> str:
+    """The command line that ran benchmark `name` (benchmarks/`name`.py) with this process's arguments
+    (or `argv`), quoted as a shell needs: what a results page names."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python -m benchmarks." + name, *(shlex.quote(a) for a in args)])
+
+
+def page_plot(png: Path, name: str, *, pages: Path | None = None) -> tuple[str, ...]:
+    """Copy the plot `png` next to the results pages as `name`.png (atomically) and return its path relative to
+    the page, for `write_results_page(plots=...)`; () when it is missing or over PAGE_PLOT_MAX_BYTES (too large
+    to keep in the repository: it stays where the run wrote it)."""
+    png = Path(png)
+    if not png.is_file() or png.stat().st_size > PAGE_PLOT_MAX_BYTES:
+        return ()
+    atomic_write_bytes((pages or PAGES) / f"{name}.png", png.read_bytes())
+    return (f"{name}.png",)
 
 
 def write_results_page(name: str, title: str, body: str, *, command: str, threads: int | None = None,

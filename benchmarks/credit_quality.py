@@ -4,6 +4,7 @@
     .venv/bin/python -m benchmarks.credit_quality --warm-start plain
     .venv/bin/python -m benchmarks.credit_quality --model smollm2-135m     # the real model, no warm start
     .venv/bin/python -m benchmarks.credit_quality --model smollm2-135m --family all --quick
+    .venv/bin/python -m benchmarks.credit_quality --page   # also writes docs/benchmarks/credit_quality.md
 
 1. The model, student and live teacher at once. `--model tiny` (the default): a tiny Qwen3 warm-started
    on ALFWorld Pick (cached under OUT/warmstart-<kind>-<N>games): fine-tuned on the expert with random
@@ -79,7 +80,7 @@ from agentgym_opsd.episode import load_episodes, save_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from agentgym_opsd.registry import UnknownEnvError, entry
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-from benchmarks.common import git_commit
+from benchmarks.common import add_page_argument, benchmark_command, git_commit, markdown_table, write_results_page
 from trainer.config import TrainConfig
 from trainer.credit import compute_advantages
 from trainer.credit_auc import (
@@ -170,6 +171,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--micro-batch-tokens", type=int, default=2048,
                     help="padded tokens per forward (on one CPU thread 2,048 ran 1.5-2.5x faster than 16,384)")
     ap.add_argument("--out", default="runs/credit_quality")
+    add_page_argument(ap)
     ap.add_argument("--quick", action="store_true", help="8 tasks x 4 per family, 300 warm-start episodes, 300 draws")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -830,8 +832,31 @@ def goals(report: dict) -> list[str]:
             placebo("agentopsd placebo family note", "turn/success/within")]
 
 
+def results_page_body(reports: list[dict]) -> str:
+    """The results page's figures, per family: what was played, each credit's or signal's AUCs with their
+    intervals, the paired differences, and (ALFWorld) the goals checked (`reports` as run_family returns them)."""
+    def cell(v: dict | None, sign: str = "") -> str:
+        if not v or v.get("auc") is None:
+            return "-"
+        return f"{v['auc']:{sign}.2f} [{v['low']:{sign}.2f}, {v['high']:{sign}.2f}]"
+
+    parts = []
+    for report in reports:
+        rows = [[name, *(cell(cells.get(c)) for c in COLUMNS)] for name, cells in report["results"].items()]
+        differences = [[*name.split(" | ", 1), cell(v, "+")] for name, v in report["differences"].items()]
+        parts += [f"## {report['family']}, model {report['model']}",
+                  report["table"].splitlines()[0].replace("|", ";"),
+                  markdown_table(["credit or signal", *COLUMNS], rows),
+                  "Paired differences (the same draws):\n\n"
+                  + markdown_table(["difference", "column", "AUC difference [95% interval]"], differences)]
+        if report.get("goals"):
+            parts.append("Goals:\n\n" + "\n".join(f"- {g}" for g in report["goals"]))
+    return "\n\n".join(parts)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    command = benchmark_command("credit_quality", argv)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -839,11 +864,19 @@ def main(argv=None) -> int:
     progress = not args.no_progress
     out = Path(args.out)
     model, tokenizer, label, folder, load_seconds = load_model(args, out, progress)
+    reports = []
     for spec in args.families:
         report = run_family(args, spec, model, tokenizer, label, folder, out, progress)
+        reports.append(report)
         print(report["table"])
         print(f"written: {out}/credit_quality-{label}-{spec.name}.json and .txt\n", flush=True)
     print(f"model ready in {load_seconds:.0f}s")
+    if args.page and reports:
+        page = write_results_page(
+            "credit_quality", "Does per-turn credit land on the turns that mattered? Each method's AUC against the "
+            "env's oracle", results_page_body(reports), command=command, threads=args.threads,
+            commit=reports[0]["commit"], load=[round(reports[0]["load"][0][0], 2), round(reports[-1]["load"][1][0], 2)])
+        print(f"results page: {page}")
     return 0
 
 

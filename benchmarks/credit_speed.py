@@ -12,6 +12,9 @@ least disturbed by other jobs on a shared machine), the median, and the median p
 under 50 ms per 100k generated tokens, and no method over 20x GRPO's time.
 
     .venv/bin/python -m benchmarks.credit_speed [--episodes 512] [--turns 20] [--tokens 128] [--repeats 7] [--threads N]
+        [--page]
+
+`--page` also writes the figures to docs/benchmarks/credit_speed.md.
 
 On a shared, oversubscribed machine `--threads 1` gives the steadiest figures (min ~ median, CPU ~
 wall): torch's two intra-op threads then wait on each other while other jobs hold the cores.
@@ -27,6 +30,7 @@ import time
 
 import torch
 
+from benchmarks.common import add_page_argument, benchmark_command, load_average, markdown_table, write_results_page
 from trainer.credit import CreditBatch, CreditConfig, compute_advantages
 
 METHODS = ["grpo", "gigpo", "stepopsd", "agentopsd", "rlsd"]
@@ -99,6 +103,26 @@ def time_methods(batch: CreditBatch, methods: list[str], repeats: int) -> dict[s
     return {m: (min(wall[m]), statistics.median(wall[m]), statistics.median(cpu[m])) for m in methods}
 
 
+def results_page_body(episodes: int, turns: int, tokens: int,
+                      layouts: dict[str, tuple[int, int, dict[str, tuple[float, float, float]]]]) -> str:
+    """The results page's figures: per layout, {layout: (rows, columns, time_methods' timings)}, a table of
+    each method's min / median / CPU ms, ms per 100k generated tokens and ratio to GRPO (from the min)."""
+    generated = episodes * turns * tokens
+    parts = [f"{episodes} episodes x {turns} turns x {tokens} generated tokens per turn = {generated:,} "
+             "generated tokens. ms/100k and x GRPO from the fastest run; targets: under 50 ms per 100k "
+             "generated tokens, at most 20x GRPO."]
+    for layout, (rows, cols, timings) in layouts.items():
+        base = timings["grpo"][0]
+        table = []
+        for method, (best, median, cpu) in timings.items():
+            per_100k = best * 1e3 / (generated / 1e5)
+            table.append([method, f"{best * 1e3:.1f}", f"{median * 1e3:.1f}", f"{cpu * 1e3:.1f}", f"{per_100k:.2f}",
+                          f"{best / base:.2f}", "ok" if per_100k < 50 and best / base <= 20 else "MISS"])
+        parts.append(f"## Layout `{layout}`: batch [{rows} x {cols}] = {rows * cols:,} tokens\n\n" + markdown_table(
+            ["method", "min ms", "median ms", "CPU ms", "ms/100k generated", "x GRPO", "target"], table))
+    return "\n\n".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, default=512)
@@ -107,7 +131,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--layouts", default="full,window")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_page_argument(parser)
     args = parser.parse_args()
+    load_before = load_average()
+    command = benchmark_command("credit_speed")  # before anything can change sys.argv (alfworld's code does)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -115,6 +142,7 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
         f"{platform.processor() or platform.machine()}")
     generated = args.episodes * args.turns * args.tokens
+    measured = {}
     for layout in args.layouts.split(","):
         batch = make_batch(args.episodes, args.turns, args.tokens, layout)
         R, T = batch.turn_id.shape
@@ -127,6 +155,7 @@ def main() -> None:
             "  (ms/100k and x GRPO from the min; target <50 ms/100k, <=20x)"
         )
         timings = time_methods(batch, METHODS, args.repeats)
+        measured[layout] = (R, T, timings)
         base = timings["grpo"][0]
         for method in METHODS:
             best, median, cpu = timings[method]
@@ -137,6 +166,13 @@ def main() -> None:
                 f" {best / base:>7.2f}  {ok}"
             )
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other jobs share these CPUs)")
+    if args.page:
+        page = write_results_page(
+            "credit_speed", "How fast the credit core is: each method's compute_advantages on one synthetic batch",
+            results_page_body(args.episodes, args.turns, args.tokens, measured),
+            command=command, threads=torch.get_num_threads(),
+            load=[load_before[0], load_average()[0]])
+        print(f"results page: {page}")
 
 
 if __name__ == "__main__":

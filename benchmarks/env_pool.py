@@ -5,9 +5,10 @@ what a heavy simulator costs), ALFWorld on its embedded panel (the TextWorld PDD
 and WebShop on its built-in catalog (page rendering and Lucene search per step). The expert plays, so the agent
 costs next to nothing and the figures are the envs' and the pool's. Throughput should grow with workers up to the cores.
 
-    .venv/bin/python -m benchmarks.env_pool [--episodes 160] [--work 0.004] [--workers 1 2 4] [--repeat 3]
+    .venv/bin/python -m benchmarks.env_pool [--episodes 160] [--work 0.004] [--workers 1 2 4] [--repeat 3] [--page]
 
 Each row is the best of `--repeat` runs: other processes on a shared machine only ever slow a run down.
+`--page` also writes the table to docs/benchmarks/env_pool.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from agentgym_opsd import EpisodeRequest, run_episodes
 from agentgym_opsd.agents import ExpertAgent
 from agentgym_opsd.registry import registered_envs
 from agentgym_opsd.workers import EnvFactory
+from benchmarks.common import add_page_argument, benchmark_command, load_average, markdown_table, write_results_page
 from benchmarks.cpu_bound_env import make_cpu_bound_env
+
+HEADER = ["env", "pool", "start-up s", "episodes/s", "steps/s", "vs 1 worker", "errored"]
 
 
 def measure(make_env, episodes: int, workers: int) -> tuple[float, float, float, int]:
@@ -43,6 +47,14 @@ def measure(make_env, episodes: int, workers: int) -> tuple[float, float, float,
     return t0 - started, len(rest) / elapsed, sum(n for _, n in rest) / elapsed, sum(1 for e in played if e.error)
 
 
+def results_page_body(episodes: int, rows: list[tuple[str, str, float, float, float, str, int]]) -> str:
+    """The results page's table: one row per (env, pool size) as `main` prints it (HEADER's columns)."""
+    table = [[name, pool, f"{startup:.2f}", f"{eps:.1f}", f"{sps:.1f}", ratio, errors]
+             for name, pool, startup, eps, sps, ratio, errors in rows]
+    return (f"{episodes} expert episodes per row, the best of the repeats; rates from the end of the first wave of "
+            "episodes (one per env) to the end of the last.\n\n" + markdown_table(HEADER, table))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=160)
@@ -51,7 +63,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs per row; the best is printed (the machine is shared)")
     parser.add_argument("--envs", default="cpu,alfworld,webshop", help="which of cpu, alfworld, webshop to run")
+    add_page_argument(parser)
     args = parser.parse_args()
+    load_before = load_average()
+    command = benchmark_command("env_pool")  # before anything can change sys.argv (alfworld's code does)
     agentgym_opsd.load_plugins(reload=True)
     wanted = {name.strip().lower() for name in args.envs.split(",")}
     envs = {}
@@ -72,6 +87,7 @@ def main() -> None:
     print(
         f"{'env':34s} {'pool':>12s} {'start-up s':>10s} {'episodes/s':>11s} {'steps/s':>9s} {'vs 1 worker':>12s} "
         f"{'errored':>8s}")
+    measured = []
     for name, make_env in envs.items():
         make_env().close()  # build caches (WebShop's index) before timing
         base = None
@@ -83,6 +99,13 @@ def main() -> None:
             label = "in-process" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
             ratio = f"{eps / base:.2f}x" if base and workers >= 1 else ""
             print(f"{name:34s} {label:>12s} {startup:10.2f} {eps:11.1f} {sps:9.1f} {ratio:>12s} {errors:8d}")
+            measured.append((name, label, startup, eps, sps, ratio, errors))
+    if args.page:
+        page = write_results_page(
+            "env_pool", "Env worker pool throughput: expert episodes per second in-process and with worker processes",
+            results_page_body(args.episodes, measured), command=command,
+            load=[load_before[0], load_average()[0]])
+        print(f"results page: {page}")
 
 
 if __name__ == "__main__":  # (workers start from the fork server, which imports this file)

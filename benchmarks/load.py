@@ -13,7 +13,10 @@
 (2) The env worker pool (`run_episodes(..., workers=N)`), episodes/s at 1, 2 and 4 workers, through
     benchmarks/env_pool.py's measurement.
 
-    .venv/bin/python -m benchmarks.load [--clients 64] [--seconds 60] [--slow-clients] [--skip-pool]
+    .venv/bin/python -m benchmarks.load [--clients 64] [--seconds 60] [--slow-clients] [--skip-pool] [--page]
+
+`--page` also writes the server's figures to docs/benchmarks/load.md (the pool's rows are env_pool's: its
+own page, `python -m benchmarks.env_pool --page`).
 
 The load driver (`run_server_load`, `SlowClients`, `rss_mb`) is also what tests/reliability uses for
 its shorter, bounded run.
@@ -36,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.io import atomic_write_json, read_jsonl
-from benchmarks.common import REPO, SHARED_DATA, percentile
+from benchmarks.common import (REPO, SHARED_DATA, add_page_argument, benchmark_command, load_average, markdown_table,
+                               percentile, write_results_page)
 from benchmarks.retrieval_load import start_together
 from retrieval_index.lucene import build_index
 from retrieval_index.process import RetrievalServer
@@ -358,10 +362,12 @@ def _nq_questions(limit: int) -> list[str]:
     return [r["question"] for r, _ in zip(read_jsonl(SHARED_DATA / "qa" / "nq_open_dev_part1.jsonl"), range(limit))]
 
 
-def server_figures(args: argparse.Namespace) -> None:
+def server_figures(args: argparse.Namespace) -> dict | None:
+    """The server under load: printed, and returned as {"passages", "queries", "warmup", "load" (LoadResult),
+    "slow" (what the slow clients did, or None)}; None when the shared wiki is absent."""
     if not (SHARED_DATA / "wiki").is_dir():
         print(f"server load: skipped, {SHARED_DATA / 'wiki'} is absent")
-        return
+        return None
     with tempfile.TemporaryDirectory(prefix="agentgym-load-") as tmp:
         sizes = {name: None for name in ("hotpotqa_distractor_paragraphs.jsonl", "flashrag_wiki18_sample_1000.jsonl",
                                          "wikipedia_vital_articles_summaries_en.jsonl")}  # fmt: skip
@@ -395,10 +401,12 @@ def server_figures(args: argparse.Namespace) -> None:
             print(f"{label} {result.summary()}")
             for example in result.failure_examples:
                 print(f"  failure: {example}")
+            slow_line = None
             if slow:
                 ok = sum(a.startswith(b"HTTP/1.1 200") for a in slow.dribbler_answers)
-                print(f"slow clients: {slow.counts[0]} stalled connections, {slow.counts[1]} byte-by-byte senders "
-                      f"({ok} answered 200), {slow.counts[2]} clients never reading their answers")  # fmt: skip
+                slow_line = (f"slow clients: {slow.counts[0]} stalled connections, {slow.counts[1]} byte-by-byte "
+                             f"senders ({ok} answered 200), {slow.counts[2]} clients never reading their answers")
+                print(slow_line)
             quarters = [result.rss_samples[min(len(result.rss_samples) - 1, q * len(result.rss_samples) // 4)]
                         for q in range(5)]
             print("server RSS at 0/25/50/75/100% of the load: " + " / ".join(f"{x:.0f}" for x in quarters) + " MiB")
@@ -408,6 +416,25 @@ def server_figures(args: argparse.Namespace) -> None:
                 f"({100 * growth / result.rss_start_mb:+.1f}%)")  # type: ignore[operator]
             if args.out:
                 atomic_write_json(args.out, {"warmup": asdict(warm), "load": asdict(result)})
+    return {"passages": len(records), "queries": len(expected), "warmup": warm, "load": result, "slow": slow_line}
+
+
+def results_page_body(figures: dict) -> str:
+    """The results page's figures: the warm-up's and the load's requests/s, latencies, failures and server RSS,
+    the failures' examples and what the slow clients did (`figures` as server_figures returns them)."""
+    rows = []
+    for label in ("warmup", "load"):
+        r = figures[label]
+        rss = "-" if r.rss_start_mb is None else (f"{r.rss_start_mb:.0f} -> {r.rss_end_mb:.0f} "
+                                                   f"(min {r.rss_min_mb:.0f}, max {r.rss_max_mb:.0f})")
+        rows.append([label, r.clients, f"{r.seconds:.0f}", r.requests, f"{r.requests_per_s:.0f}", f"{r.p50_ms:.1f}",
+                     f"{r.p99_ms:.1f}", f"{r.max_ms:.0f}", r.failures, rss])
+    failures = "".join(f"\n- failure: {e}" for e in figures["load"].failure_examples)
+    return (f"The retrieval server over {figures['passages']:,} passages, {figures['queries']:,} distinct NQ-open "
+            "queries, every answer checked.\n\n"
+            + markdown_table(["run", "clients", "s", "requests", "req/s", "p50 ms", "p99 ms", "max ms", "failures",
+                              "server RSS MiB"], rows)
+            + ("\n" + failures if failures else "") + (f"\n\n{figures['slow']}" if figures["slow"] else ""))
 
 
 def pool_figures(args: argparse.Namespace) -> None:
@@ -430,9 +457,16 @@ def main() -> None:
     parser.add_argument("--skip-pool", action="store_true")
     parser.add_argument("--skip-server", action="store_true")
     parser.add_argument("--out", default=None, help="also write the server figures as JSON here")
+    add_page_argument(parser)
     args = parser.parse_args()
-    if not args.skip_server:
-        server_figures(args)
+    load_before = load_average()
+    command = benchmark_command("load")
+    figures = None if args.skip_server else server_figures(args)
+    if args.page and figures:
+        page = write_results_page(
+            "load", "The retrieval server under sustained concurrent load: requests/s, latency, failures, memory",
+            results_page_body(figures), command=command, load=[load_before[0], load_average()[0]])
+        print(f"results page: {page}")
     if not args.skip_pool:
         pool_figures(args)
 

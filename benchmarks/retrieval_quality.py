@@ -12,9 +12,10 @@ with each question as the query, top-10:
 - the same supporting recall for the synthetic set over its own index (single-hop: the answer passage;
   two-hop: the first hop, which is all a question-as-query search can find).
 
-    .venv/bin/python -m benchmarks.retrieval_quality [--out runs/retrieval_quality]
+    .venv/bin/python -m benchmarks.retrieval_quality [--out runs/retrieval_quality] [--page]
 
-Writes results.json, a table (stdout) and recall.png (recall@k curves).
+Writes results.json, a table (stdout) and recall.png (recall@k curves); `--page` also writes the tables
+and the plot to docs/benchmarks/retrieval_quality.md.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import time
 from pathlib import Path
 
 from agentgym_opsd.io import atomic_write_json
-from benchmarks.common import SHARED_DATA, save_png
+from benchmarks.common import (SHARED_DATA, add_page_argument, benchmark_command, load_average, markdown_table,
+                               page_plot, save_png, write_results_page)
 from environments.searchqa.data import load_questions
 from environments.searchqa.metrics import normalize_answer
 from environments.searchqa.synthetic import ensure_synthetic_index, synthetic_questions
@@ -108,6 +110,22 @@ def plot(results: dict, path: Path) -> None:
     save_png(fig, path)
 
 
+def results_page_body(results: dict) -> str:
+    """The results page's figures: answer recall@k per question set and supporting-passage recall@k
+    (`results` as results.json holds it)."""
+    answers = [[name, r["questions"], *(f"{r[f'recall@{k}']:.3f}" for k in (1, 3, 10)),
+                f"{r['answer_in_corpus']:.3f}"] for name, r in results["answer_recall"].items()]
+    support = [[name, r["questions"], *(f"{r[f'support_recall@{k}']:.3f}" for k in (1, 3, 10)),
+                f"{r['all_support@3']:.3f}", f"{r['all_support@10']:.3f}"]
+               for name, r in results["support_recall"].items()]
+    return (f"One BM25 index of {results['corpus']['passages']:,} passages, each question as the query.\n\n"
+            "Answer recall (the share of questions whose top k passages hold a gold answer; \"in corpus\": in any "
+            "passage, the ceiling):\n\n"
+            + markdown_table(["question set", "n", "@1", "@3", "@10", "in corpus"], answers)
+            + "\n\nSupporting passages (the share found in the top k; all@k: questions with all of theirs found):\n\n"
+            + markdown_table(["question set", "n", "@1", "@3", "@10", "all@3", "all@10"], support))
+
+
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix=f"{Path(__file__).stem.replace('_', '-')}-"))
     try:
@@ -120,7 +138,10 @@ def run(work: Path) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/retrieval_quality", help="folder for results.json and recall.png")
     parser.add_argument("--threads", type=int, default=2)
+    add_page_argument(parser)
     args = parser.parse_args()
+    load_before = load_average()
+    command = benchmark_command("retrieval_quality")  # before anything can change sys.argv (alfworld's code does)
     if not (SHARED_DATA / "wiki").is_dir():
         print(f"needs {SHARED_DATA} (the shared data folder beside the repo)", file=sys.stderr)
         return 2
@@ -166,6 +187,12 @@ def run(work: Path) -> int:
     atomic_write_json(out / "results.json", results)
     plot(results, out / "recall.png")
     print(f"\nwrote {out / 'results.json'} and {out / 'recall.png'}")
+    if args.page:
+        page = write_results_page(
+            "retrieval_quality", "Retrieval quality of the BM25 index: answer and supporting-passage recall@k",
+            results_page_body(results), command=command, threads=args.threads,
+            load=[load_before[0], load_average()[0]], plots=page_plot(out / "recall.png", "retrieval_quality"))
+        print(f"results page: {page}")
     return 0
 
 

@@ -24,8 +24,10 @@ its peak RSS. Goals: ours >= 0.5x in-process at 16 x 1, >= 0.9x at 16 x 8. Befor
 server answers all questions once at top 3 and top 10, and the answers are compared with in-process
 search (ids, order, scores). Each server warms up until the JVM's JIT compiler has settled.
 
-    .venv/bin/python -m benchmarks.retrieval_speed [--rounds 9] [--seconds 4] [--also granian] \\
+    .venv/bin/python -m benchmarks.retrieval_speed [--rounds 9] [--seconds 4] [--page] [--also granian] \\
         [--out runs/retrieval_speed]
+
+`--page` also writes the tables to docs/benchmarks/retrieval_speed.md.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ import time
 from pathlib import Path
 
 from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_jsonl_numbered
-from benchmarks.common import REPO, SHARED_DATA
+from benchmarks.common import (REPO, SHARED_DATA, add_page_argument, benchmark_command, markdown_table,
+                               write_results_page)
 from benchmarks.retrieval_load import TOPK, peak_rss_mib, process_cpu_seconds, run_load, tree_cpu_seconds, warm_up
 from retrieval_index.lucene import BM25Searcher
 from retrieval_index.process import RetrievalServer
@@ -277,6 +280,32 @@ def compare_answers(name: str, url: str, searcher, queries: list[str]) -> dict:
     return report
 
 
+def results_page_body(results: dict) -> str:
+    """The results page's figures: per load and server the median queries/s, latencies, server CPU and errors;
+    the ratios against Search-R1's server and in-process search with their goals; the in-process ceiling, peak
+    RSS and the index build (`results` as results.json holds it)."""
+    table = [[load, name, f"{r['qps']:,.0f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
+              f"{r['server_cpu_ms_per_query']:.2f}", r["errors"]]
+             for name, loads in results["medians"].items() for load, r in loads.items()]
+    ratios = []
+    for load, r in results["ratios"].items():
+        spread = r.get("ours_over_search_r1_shaped_per_round")
+        ratios.append([load, f"{r['ours_over_search_r1_shaped']:.2f}x" if "ours_over_search_r1_shaped" in r else "-",
+                       f"{spread[0]:.2f}-{spread[1]:.2f}x" if spread else "-", f"{r['ours_over_in_process']:.2f}x",
+                       f">= {r['goal_over_in_process']}x" if "goal_over_in_process" in r else "-"])
+    ceiling = results["in_process"]
+    return (f"{results['queries']:,} NQ questions, top {results['topk']}, {results['rounds']} interleaved rounds of "
+            f"{results['seconds']:g} s per load; medians.\n\n"
+            + markdown_table(["load", "server", "queries/s", "p50 ms", "p99 ms", "server CPU ms/query", "errors"],
+                             table)
+            + "\n\n" + markdown_table(["load", "ours / Search-R1-shaped", "per round", "ours / in-process", "goal"],
+                                       ratios)
+            + f"\n\nIn-process batch_search: {ceiling['qps']:,.0f} queries/s (batches of {IN_PROCESS_BATCH}, "
+            f"1 thread), {ceiling['cpu_ms_per_query']:.3f} CPU ms per query. Peak RSS, MiB: "
+            + ", ".join(f"{n} {v}" for n, v in results["peak_rss_mib"].items())
+            + f". Index build: {results['build']}.")
+
+
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--serve":
         serve_other(sys.argv[2], sys.argv[3], sys.argv[4])
@@ -298,7 +327,9 @@ def run(work: Path) -> int:
     parser.add_argument("--also", action="append", default=[], choices=["granian", "cheroot", "gunicorn"],
                         help="also measure our Flask app under this WSGI server (repeatable)")  # fmt: skip
     parser.add_argument("--out", default="runs/retrieval_speed", help="folder for results.json")
+    add_page_argument(parser)
     args = parser.parse_args()
+    command = benchmark_command("retrieval_speed")
     if not WIKI.is_dir() or not NQ.is_file():
         print(f"needs {WIKI} and {NQ} (the shared data folder beside the repo)", file=sys.stderr)
         return 2
@@ -332,10 +363,18 @@ def run(work: Path) -> int:
                 continue
             servers[f"ours under {kind}"] = OtherServer(kind, index_dir, work)
         results["servers"] = {name: {"url": s.url} for name, s in servers.items()}  # type: ignore[attr-defined]
-        return measure(args, results, servers, queries, index_dir)
+        code = measure(args, results, servers, queries, index_dir)
     finally:
         for s in servers.values():
             s.stop()  # type: ignore[attr-defined]
+    if args.page:
+        machine = results["machine"]
+        page = write_results_page(
+            "retrieval_speed", "BM25 retrieval server throughput and latency against in-process search",
+            results_page_body(results), command=command,
+            load=[round(machine["load_average_at_start"][0], 2), round(machine["load_average_at_end"][0], 2)])
+        print(f"results page: {page}")
+    return code
 
 
 def measure(args, results: dict, servers: dict, queries: list[str], index_dir: Path) -> int:

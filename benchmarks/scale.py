@@ -31,7 +31,9 @@ ALFWorld (sizes: games): the embedded panel with ALFWorld's training mix at 240 
 Results go to `--out` (default runs/scale): results.json (every figure, with the load average during
 each size; a size already there is skipped unless --again, so a stopped run resumes), scale.md (the
 table: measured figures, fitted models and the extrapolation to the users' sizes) and one PNG per
-family (cost against size, log-log). Generated corpora, catalogs, panels and indexes go under `--work`
+family (cost against size, log-log); scale.md names the command and commit of each size's run, and a
+discussion written below its marker is kept when it is rewritten (docs/scale/ is a copy of such an `--out`).
+Generated corpora, catalogs, panels and indexes go under `--work`
 (default $TMPDIR/agentgym-scale) and are deleted after each size unless --keep.
 """
 
@@ -53,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl_numbered
-from benchmarks.common import REPO, SHARED_DATA, save_png
+from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, read_jsonl_numbered
+from benchmarks.common import REPO, SHARED_DATA, benchmark_command, git_commit, save_png, write_results_page
 from benchmarks.retrieval_load import run_load, warm_up
 from environments.alfworld.compiled import compile_game, forget_compiled_games
 from environments.alfworld.engine import AlfredEngine
@@ -916,16 +918,15 @@ def before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def write_report(results: dict[str, Any], out: Path, before: dict[str, Any] | None = None) -> str:
-    """scale.md and one PNG per family from results.json's figures; returns the markdown."""
-    parts = ["# How cost grows with the work", "",
-             f"Machine: {results['machine']['cpus']} cores, {results['machine']['memory_gib']} GiB, shared with "
-             "other jobs "
-             "(the load average during each size is in its table). Figures in *italics* are extrapolated with "
-             "the model "
-             "named beside them (fitted on relative errors; R² and the largest relative error of the fit); "
-             "the rest are measured.", ""]  # fmt: skip
-    all_fits = {}
+def write_report(results: dict[str, Any], out: Path, before: dict[str, Any] | None = None, *,
+                 command: str = "python -m benchmarks.scale --report") -> str:
+    """scale.md (a results page: what is above its discussion marker, the discussion kept) and one PNG per family
+    from results.json's figures; `command` is the run that writes it. Returns the page's text."""
+    parts = [f"Machine: {results['machine']['cpus']} cores, {results['machine']['memory_gib']} GiB, shared with "
+             "other jobs (the load average during each size is in its table). Figures in *italics* are extrapolated "
+             "with the model named beside them (fitted on relative errors; R² and the largest relative error of the "
+             "fit); the rest are measured.", ""]
+    all_fits, commits = {}, set()
     for family in ("retrieval", "webshop", "alfworld"):
         runs = results.get("runs", {}).get(family)
         if not runs:
@@ -936,15 +937,19 @@ def write_report(results: dict[str, Any], out: Path, before: dict[str, Any] | No
         sizes = sorted(int(s) for s in runs)
         parts += [f"## {family} ({UNITS[family]}: {', '.join(f'{s:,}' for s in sizes)})", "", table, "",
                   f"![{family}]({family}.png)", ""]
-        commands = sorted({r.get("command", "") for r in runs.values()} - {""})
-        if commands:
-            parts += ["Measured with: " + "; ".join(f"`{c}`" for c in commands), ""]
+        measured = sorted({(r.get("commit") or "not recorded", r["command"]) for r in runs.values()
+                           if r.get("command")})
+        commits |= {commit for commit, _ in measured}
+        if measured:
+            parts += ["Measured with: " + "; ".join(f"`{c}` (commit {commit})" for commit, c in measured), ""]
     if before:
         parts += before_after(before, results)
-    text = "\n".join(parts)
-    atomic_write_text(out / "scale.md", text)
+    # the figures' commit: one when every run names the same, else each size's (named beside its command)
+    commit = next(iter(commits)) if len(commits) == 1 else "of each size's run (named beside its command)"
+    page = write_results_page("scale", "How cost grows with the work", "\n".join(parts), command=command,
+                              commit=commit if commits else None, load="per size, in its table", pages=out)
     atomic_write_json(out / "fits.json", all_fits)
-    return text
+    return page.read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1016,7 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--before {args.before}: not a results.json of this script ({e})")
     measure = {"retrieval": measure_retrieval, "webshop": measure_webshop, "alfworld": measure_alfworld}
     work = Path(args.work)
-    command = "python -m benchmarks.scale " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = benchmark_command("scale", argv)
     started = time.perf_counter()
     for family, sizes in plan.items():
         for n in sizes:
@@ -1036,10 +1041,11 @@ def main(argv: list[str] | None = None) -> int:
             figures["load"] = sampler.stop()
             figures["wall_s"] = round(time.perf_counter() - t0, 1)
             figures["command"] = command
+            figures["commit"] = git_commit()
             figures["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
             results["runs"].setdefault(family, {})[str(n)] = figures
             atomic_write_json(results_path, results)
-    text = write_report(results, out, before)
+    text = write_report(results, out, before, command=command)
     print(text)
     print(f"\n{out / 'scale.md'} and the PNGs beside it; every figure in {results_path} "
           f"({time.perf_counter() - started:.0f} s)")  # fmt: skip

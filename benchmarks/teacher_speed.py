@@ -29,6 +29,7 @@ work for every method) is not a cost of the method.
     .venv/bin/python -m benchmarks.teacher_speed --quick    # 4 x 4 episodes, 2 rounds (< 4 minutes)
 
 The last line reads `stepopsd/grpo update X.XX, agentopsd/grpo update Y.YY` (the default teacher).
+`--page` also writes the table to docs/benchmarks/teacher_speed.md.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ import tempfile
 from pathlib import Path
 
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-from benchmarks.common import timed
+from benchmarks.common import (add_page_argument, benchmark_command, load_average, markdown_table, timed,
+                               write_results_page)
 from trainer.config import TrainConfig
 from trainer.local import LocalTrainer
 from trainer.recipes import PICK_ENV, PICK_TINY, TINY_QWEN3
 from trainer.warm_start import PerturbedExpert
+
+PHASES = ("rows", "old_logprobs", "teacher", "credit", "update", "total")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,7 +60,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="4 tasks x 4 episodes, 2 rounds")
     ap.add_argument("--seed", type=int, default=0)
+    add_page_argument(ap)
     return ap.parse_args(argv)
+
+
+def results_page_body(batch: str, best: dict[tuple[str, str | None], dict[str, float]]) -> str:
+    """The results page's figures: the batch (a line), then per (method, teacher) each phase's CPU seconds, the
+    total and its ratio to GRPO's (`best` as `main` measures it)."""
+    grpo = best[("grpo", None)]["total"]
+    table = [[method, teacher or "-", *(f"{t.get(k, 0.0):.2f}" for k in PHASES), f"{t['total'] / grpo:.2f}"]
+             for (method, teacher), t in best.items()]
+    return batch + "\n\n" + markdown_table(["method", "teacher", "rows", "old log-probs", "teacher", "credit",
+                                            "update", "total", "x GRPO"], table)
 
 
 def main(argv=None) -> int:
@@ -66,6 +81,8 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    load_before = load_average()
+    command = benchmark_command("teacher_speed", argv)  # before anything can change sys.argv (alfworld's code does)
 
     work = Path(tempfile.mkdtemp(prefix="teacher-speed-"))
     env_options = {"room": "small", "split": "train", "max_turns": args.max_turns,
@@ -117,10 +134,10 @@ def main(argv=None) -> int:
     for times in best.values():
         times["total"] = sum(v for k, v in times.items() if k != "total")
     rows = base.rows(episodes)
-    print(f"batch: {len(episodes)} episodes ({args.tasks} tasks x {args.group_size}), {turns} turns, {successes} "
-          "successes, "
-          f"{int(rows.attention_mask.sum())} tokens in {rows.num_rows} rows; tiny Qwen3 hidden 128 x 2; CPU seconds, "
-          f"1 thread, min of {args.repeats} rounds")
+    batch = (f"batch: {len(episodes)} episodes ({args.tasks} tasks x {args.group_size}), {turns} turns, {successes} "
+             f"successes, {int(rows.attention_mask.sum())} tokens in {rows.num_rows} rows; tiny Qwen3 hidden 128 x 2; "
+             f"CPU seconds, 1 thread, min of {args.repeats} rounds")
+    print(batch)
     grpo = best[("grpo", None)]["total"]
     header = (f"{'method':<10} {'teacher':<9} {'rows':>6} {'old lp':>7} {'teacher':>8} {'credit':>7} {'update':>7} "
               f"{'total':>7} {'x GRPO':>7}")
@@ -132,6 +149,12 @@ def main(argv=None) -> int:
     step = best[("stepopsd", "prefix")]["total"] / grpo
     agent = best[("agentopsd", "prefix")]["total"] / grpo
     print(f"stepopsd/grpo update {step:.2f}, agentopsd/grpo update {agent:.2f}")
+    if args.page:
+        page = write_results_page(
+            "teacher_speed", "What the teacher costs: each credit method's update step on one batch",
+            results_page_body(batch, best), command=command, threads=1,
+            load=[load_before[0], load_average()[0]])
+        print(f"results page: {page}")
     return 0
 
 

@@ -40,7 +40,7 @@ slower on this 2-core machine).
    bootstrap 95% interval (over held-out episodes) of the NLL difference reaches within 2% of the best NLL.
 4. One table, a recommendation line (`fastest at equal quality: ...`), OUT/train_speed.json and .txt,
    OUT/train_speed.png. `--resume` reuses the measurements of an interrupted run with the same
-   arguments (OUT/partial.json).
+   arguments (OUT/partial.json). `--page` also writes the report and the plot to docs/benchmarks/train_speed.md.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ from pathlib import Path
 import agentgym_opsd
 from agentgym_opsd.io import atomic_write_json, atomic_write_text, read_json_file
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-from benchmarks.common import git_commit, load_average, save_png, timed
+from benchmarks.common import (add_page_argument, benchmark_command, git_commit, load_average, page_plot, save_png,
+                               timed, write_results_page)
 from trainer.config import TrainConfig
 from trainer.credit import compute_advantages
 from trainer.env_knowledge import credit_config
@@ -93,6 +94,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="4 episodes, 24 quality episodes, 8 held out (the numbers given explicitly win)")
     ap.add_argument("--out", default="runs/train_speed")
+    add_page_argument(ap)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved speed rounds")
     ap.add_argument("--episodes", type=int, default=None, help="episodes in the speed rows (default 12; --quick 4)")
     ap.add_argument("--quality-episodes", type=int, default=None,
@@ -620,8 +622,14 @@ def report_quality(args, quality: dict, precision: str, summary: dict, per_choic
     return recommendation
 
 
+def results_page_body(lines: list[str]) -> str:
+    """The results page's figures: the report as the run printed it (its fixed-width tables), in a code block."""
+    return "```\n" + "\n".join(lines).strip("\n") + "\n```"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    command = benchmark_command("train_speed", argv)
     import torch
 
     torch.set_num_threads(1)
@@ -717,6 +725,11 @@ def main(argv=None) -> int:
     atomic_write_text(out / "train_speed.txt", "\n".join(lines) + "\n")
     plot(summary, precisions, args.choices, out / "train_speed.png")
     print(f"wrote {out / 'train_speed.json'}, .txt and .png")
+    if args.page:
+        print("results page:", write_results_page(
+            "train_speed", "Which weights to train, in which precision: SFT and RL tokens/s, and quality at one budget",
+            results_page_body(lines), command=command, threads=1, load=[load_before[0], load_after[0]],
+            plots=page_plot(out / "train_speed.png", "train_speed")))
     return 0
 
 

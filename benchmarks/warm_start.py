@@ -25,7 +25,7 @@
    (format-ok) and admissible (a command the game can do now). A policy that wins its training games
    and their held-out twins but not the twin-free or unseen games has memorised games instead of
    learning to act on what it reads. Writes OUT/warm_start.json; resumes: a trained model in OUT is
-   evaluated again, not retrained.
+   evaluated again, not retrained. `--page` also writes the table to docs/benchmarks/warm_start.md.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import agentgym_opsd
 from agentgym_opsd.io import atomic_write_json
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
 from agentgym_opsd.summary import summarize
+from benchmarks.common import add_page_argument, benchmark_command, load_average, markdown_table, write_results_page
 from benchmarks.held_out_games import twin_free_seeds
 from trainer.config import TrainConfig, TrainError
 from trainer.local import LocalTrainer
@@ -81,6 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="evaluate this model folder instead of training one")
     ap.add_argument("--out", default="runs/warm_start")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
+    add_page_argument(ap)
     args = ap.parse_args(argv)
     defaults = warm_start_defaults(PICK_TINY if args.base == "tiny" else PICK_REAL)
     for name, value in defaults.items():
@@ -98,12 +100,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def results_page_body(described: str, results: dict[str, dict]) -> str:
+    """The results page's figures: what was evaluated (a line), then per panel the games, wins, success with its
+    95% Wilson interval, and the shares of turns format-ok and admissible (`results` as warm_start.json holds it)."""
+    table = []
+    for label, r in results.items():
+        if not r["games"]:
+            table.append([label, 0, "", "", "", "", ""])
+            continue
+        low, high = r["ci95"]
+        table.append([label, r["games"], r["wins"], f"{100 * r['success']:.1f}%",
+                      f"[{100 * low:.1f}, {100 * high:.1f}]", f"{100 * r['format_ok']:.1f}%",
+                      f"{100 * r['admissible']:.1f}%"])
+    return described + "\n\n" + markdown_table(
+        ["panel", "games", "wins", "success", "95% interval", "format-ok", "admissible"], table)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     agentgym_opsd.load_plugins()
+    load_before = load_average()
+    command = benchmark_command("warm_start", argv)  # before anything can change sys.argv (alfworld's code does)
     started = time.perf_counter()
     out = Path(args.out)
     n = args.episodes
@@ -166,9 +186,10 @@ def main(argv=None) -> int:
                + (f", top {args.train_layers} layers" if args.train_layers else "")
                + (f", LoRA rank {args.lora_rank}" if args.lora_rank else "")
                + (f", literate {args.sft_privileged}" if args.sft_privileged else "") + f", autocast {args.autocast}")
-    print(f"warm start: {'model ' + str(model_dir) if args.model else trained}, {args.train_games} Pick "
-          "training games, "
-          f"{args.expert} expert, small rooms, {args.max_turns} turns, greedy, {args.max_new_tokens} tokens a turn")
+    described = (f"warm start: {'model ' + str(model_dir) if args.model else trained}, {args.train_games} Pick "
+                 f"training games, {args.expert} expert, small rooms, {args.max_turns} turns, greedy, "
+                 f"{args.max_new_tokens} tokens a turn")
+    print(described)
     print(f"{'panel':<36} {'games':>5} {'wins':>5} {'success':>8} {'95% interval':>16} {'format-ok':>9} "
           f"{'admissible':>10}")
     for label, r in results.items():
@@ -183,6 +204,12 @@ def main(argv=None) -> int:
     atomic_write_json(out / "warm_start.json",
                       {"args": vars(args), "results": results, "warm_start_seconds": warm_seconds,
                                                 "wall_seconds": wall})
+    if args.page:
+        page = write_results_page(
+            "warm_start", "Does the warm start generalise? Success on its training games and on held-out ones",
+            results_page_body(described + f"; warm start {warm_seconds:.0f} s, total {wall:.0f} s", results),
+            command=command, threads=1, load=[load_before[0], load_average()[0]])
+        print(f"results page: {page}")
     return 0
 
 

@@ -9,7 +9,7 @@ value of the target matches, the texts the reward compares and their token-set s
     .venv/bin/python -m benchmarks.webshop_expert --catalog builtin --split test
 
 Prints success rate, mean score and mean turns of the expert and the random agent, then one line
-per failed goal; `--json PATH` also writes them.
+per failed goal; `--json PATH` also writes them, `--page` writes them to docs/benchmarks/webshop_expert.md.
 
 Then the type tagger line: the built-in noun tagger against spaCy's model (WebShop's own tagger) on
 every goal x every product of the catalog (options: each group's first value; the catalog's price):
@@ -33,7 +33,8 @@ from agentgym_opsd import EnvUnavailable
 from agentgym_opsd.agents import ExpertAgent, RandomAgent
 from agentgym_opsd.io import atomic_write_json
 from agentgym_opsd.rollout import EpisodeRequest, run_episodes
-from benchmarks.common import SHARED_DATA
+from benchmarks.common import (SHARED_DATA, add_page_argument, benchmark_command, load_average, markdown_table,
+                               write_results_page)
 from environments.webshop.reward import (
     MATCH_THRESHOLD,
     builtin_nouns,
@@ -103,43 +104,11 @@ def tagger_agreement(world, spacy_model: str) -> dict:
     return {"line": line, **counts}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--catalog", default=str(DEFAULT_CATALOG) if DEFAULT_CATALOG.exists() else "builtin")
-    parser.add_argument("--split", default="all", choices=["test", "eval", "train", "all"])
-    parser.add_argument("--index-dir", default=None, help="index folder (default: a temporary one, built here)")
-    parser.add_argument("--json", default=None, help="also write the figures and failures to this JSON file")
-    parser.add_argument("--spacy-model", default="en_core_web_sm",
-                        help="spaCy model package or folder for the tagger line")
-    parser.add_argument("--no-agents", action="store_true", help="only the tagger line")
-    args = parser.parse_args(argv)
-
-    index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-expert-")) / "index")
-    catalog = None if args.catalog == "builtin" else args.catalog
-
-    def make():
-        return agentgym_opsd.make("agentgym/WebShop-v0", catalog=catalog, index_dir=index_dir, split=args.split)
-
-    probe = make().unwrapped
-    n = probe.num_tasks
-    requests = [EpisodeRequest(seed=i) for i in range(n)]
-    results = {}
-    tagger = tagger_agreement(probe.world, args.spacy_model)
-    if args.no_agents:
-        return 0
-    for name, agent in (("expert", ExpertAgent()), ("random", RandomAgent(0))):
-        episodes = run_episodes(make, agent, requests, num_envs=8, progress=f"{name} on {n} goals")
-        results[name] = episodes
-        scores = [e.hindsight.score for e in episodes]
-        print(
-            f"{name:<7} goals {n}  success {sum(e.hindsight.success for e in episodes) / n:.4f}  "
-            f"mean score {statistics.fmean(scores):.4f}  mean turns "
-            f"{statistics.fmean(e.num_turns for e in episodes):.2f}"
-        )
-
+def explain_failures(expert_episodes, world) -> list[dict]:
+    """Each goal the expert did not solve: its task id, score, target and the reasons (the target not found by
+    its queries, or what keeps the target below 1.0 under WebShop's reward)."""
     failures = []
-    world = probe.world
-    for episode in tqdm(results["expert"], desc="explaining misses", disable=True):
+    for episode in tqdm(expert_episodes, desc="explaining misses", disable=True):
         if episode.hindsight.success:
             continue
         details = episode.hindsight.details
@@ -166,7 +135,62 @@ def main(argv: list[str] | None = None) -> int:
                 reasons.append(f"type reward {info['r_type']}")
         failures.append({"task_id": episode.task_id, "score": episode.hindsight.score, "asin": goal.asin,
                          "reasons": reasons})
+    return failures
 
+
+def results_page_body(figures: dict, causes: dict[str, int], tagger_line: str, shown: int = 50) -> str:
+    """The results page's figures: each agent's success, mean score and turns, the expert's misses by cause and
+    the first `shown` of them with their reasons, and the type tagger's line (`figures` as --json writes it)."""
+    agents = [[name, f["goals"], f"{f['success']:.4f}", f"{f['mean_score']:.4f}", f"{f['mean_turns']:.2f}"]
+              for name, f in figures.items() if name not in ("expert_failures", "tagger")]
+    failures = figures["expert_failures"]
+    misses = [[f["task_id"], f"{f['score']:.3f}", f["asin"], "; ".join(f["reasons"])] for f in failures[:shown]]
+    more = f"\n\n... and {len(failures) - shown} more (`--json` writes them all)." if len(failures) > shown else ""
+    return (markdown_table(["agent", "goals", "success", "mean score", "mean turns"], agents)
+            + f"\n\nThe expert's misses: {len(failures)}, by cause: "
+            + (", ".join(f"{kind} {count}" for kind, count in causes.items()) or "none")
+            + ("\n\n" + markdown_table(["task", "score", "target", "why"], misses) + more if misses else "")
+            + f"\n\n{tagger_line}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--catalog", default=str(DEFAULT_CATALOG) if DEFAULT_CATALOG.exists() else "builtin")
+    parser.add_argument("--split", default="all", choices=["test", "eval", "train", "all"])
+    parser.add_argument("--index-dir", default=None, help="index folder (default: a temporary one, built here)")
+    parser.add_argument("--json", default=None, help="also write the figures and failures to this JSON file")
+    parser.add_argument("--spacy-model", default="en_core_web_sm",
+                        help="spaCy model package or folder for the tagger line")
+    parser.add_argument("--no-agents", action="store_true", help="only the tagger line")
+    add_page_argument(parser)
+    args = parser.parse_args(argv)
+    load_before = load_average()
+    command = benchmark_command("webshop_expert", argv)  # before anything can change sys.argv (alfworld's code does)
+
+    index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-expert-")) / "index")
+    catalog = None if args.catalog == "builtin" else args.catalog
+
+    def make():
+        return agentgym_opsd.make("agentgym/WebShop-v0", catalog=catalog, index_dir=index_dir, split=args.split)
+
+    probe = make().unwrapped
+    n = probe.num_tasks
+    requests = [EpisodeRequest(seed=i) for i in range(n)]
+    results = {}
+    tagger = tagger_agreement(probe.world, args.spacy_model)
+    if args.no_agents:
+        return 0
+    for name, agent in (("expert", ExpertAgent()), ("random", RandomAgent(0))):
+        episodes = run_episodes(make, agent, requests, num_envs=8, progress=f"{name} on {n} goals")
+        results[name] = episodes
+        scores = [e.hindsight.score for e in episodes]
+        print(
+            f"{name:<7} goals {n}  success {sum(e.hindsight.success for e in episodes) / n:.4f}  "
+            f"mean score {statistics.fmean(scores):.4f}  mean turns "
+            f"{statistics.fmean(e.num_turns for e in episodes):.2f}"
+        )
+
+    failures = explain_failures(results["expert"], probe.world)
     print(f"\nexpert misses: {len(failures)}")
     for f in failures:
         print(f"  {f['task_id']}  score {f['score']:.3f}  {f['asin']}: " + " | ".join(f["reasons"]))
@@ -174,20 +198,19 @@ def main(argv: list[str] | None = None) -> int:
                     for f in failures)
     print(f"by cause: {dict(kinds)}")
     print(tagger["line"])
+    figures = {name: {"goals": n, "success": sum(e.hindsight.success for e in eps) / n,
+                      "mean_score": statistics.fmean(e.hindsight.score for e in eps),
+                      "mean_turns": statistics.fmean(e.num_turns for e in eps)}
+               for name, eps in results.items()} | {"expert_failures": failures, "tagger": tagger}
     if args.json:
-        atomic_write_json(
-            args.json,
-            {
-                name: {
-                    "goals": n,
-                    "success": sum(e.hindsight.success for e in eps) / n,
-                    "mean_score": statistics.fmean(e.hindsight.score for e in eps),
-                    "mean_turns": statistics.fmean(e.num_turns for e in eps),
-                }
-                for name, eps in results.items()
-            }
-            | {"expert_failures": failures, "tagger": tagger},
-        )
+        atomic_write_json(args.json, figures)
+    if args.page:
+        page = write_results_page(
+            "webshop_expert", "WebShop's expert and the random agent over every goal of a catalog, with each miss",
+            results_page_body(figures, dict(kinds), tagger["line"]),
+            command=command,
+            load=[load_before[0], load_average()[0]])
+        print(f"results page: {page}")
     return 0
 
 

@@ -19,7 +19,7 @@ Measures, for `--envs` instances (default 64) made with `gymnasium.make("agentgy
 The catalog's load (its files and goals: `catalog_load_s`, with the peak RSS it reached) and the index
 build (`index_build_s`) are timed apart before the first env is made.
 
-Prints a table of figures; `--json PATH` also writes them.
+Prints a table of figures; `--json PATH` also writes them, `--page` to docs/benchmarks/webshop_speed.md.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ import numpy as np
 
 import agentgym_opsd
 from agentgym_opsd.io import atomic_write_json
-from benchmarks.common import SHARED_DATA
+from benchmarks.common import (SHARED_DATA, add_page_argument, benchmark_command, load_average, markdown_table,
+                               write_results_page)
 from environments.webshop.world import get_world
 
 DEFAULT_CATALOG = SHARED_DATA / "webshop"
@@ -92,6 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-heap", action="store_true",
                         help="no tracemalloc (Python heap figures): it slows loading and adds memory; for load time "
                              "and RSS at scale")
+    add_page_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -216,8 +218,17 @@ def speed_figures(args, world, index_dir: str, costs: dict[str, float], timings:
     return figures
 
 
+def results_page_body(figures: dict[str, Any]) -> str:
+    """The results page's figures: one row per figure, as `main` prints them (`figures` as --json writes them)."""
+    return (f"{figures['envs']} env instances over the {figures['catalog']} catalog ({figures['products']:,} products, "
+            f"{figures['goals']:,} goals), {figures['episodes']} episodes round-robin.\n\n"
+            + markdown_table(["figure", "value"], [[f"`{k}`", "-" if v is None else v] for k, v in figures.items()]))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    load_before = load_average()
+    command = benchmark_command("webshop_speed", argv)  # before anything can change sys.argv (alfworld's code does)
     index_dir = args.index_dir or str(Path(tempfile.mkdtemp(prefix="webshop-speed-")) / "index")
     catalog = None if args.catalog == "builtin" else args.catalog
     if not args.no_heap:
@@ -240,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         atomic_write_json(args.json, figures)
     envs[0].close()
+    if args.page:
+        page = write_results_page(
+            "webshop_speed", "WebShop speed and memory: one process holding many env instances over one catalog",
+            results_page_body(figures), command=command,
+            load=[load_before[0], load_average()[0]])
+        print(f"results page: {page}")
     return 0
 
 
