@@ -93,6 +93,7 @@ class EnvEntry:
 _ENTRIES: dict[str, EnvEntry] = {}
 _PLUGIN_ERRORS: dict[str, str] = {}
 _PLUGINS_LOADED = False
+_PLUGINS_WAITING: set[str] = set()  # plug-ins whose module was mid-import
 
 
 def register_env(
@@ -128,15 +129,27 @@ def register_env(
 
 
 def load_plugins(*, reload: bool = False) -> None:
-    """Run every `agentgym_opsd.envs` entry point once. A broken plug-in is reported, not fatal."""
+    """Run every `agentgym_opsd.envs` entry point once. A broken plug-in is reported, not fatal.
+
+    A plug-in whose module is still being imported (a program that imports `environments.alfworld`
+    first imports `agentgym_opsd` from inside it) is not broken: it waits, and the next lookup
+    (`entry`, `make`, `registered_envs`) runs it, once its module has finished importing.
+    """
     global _PLUGINS_LOADED
-    if _PLUGINS_LOADED and not reload:
+    if _PLUGINS_LOADED and not reload and not _PLUGINS_WAITING:
         return
+    first = not _PLUGINS_LOADED or reload
     _PLUGINS_LOADED = True
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         key = f"{ep.name} = {ep.value}"
+        if not first and key not in _PLUGINS_WAITING:
+            continue
         if key in _PLUGIN_ERRORS and not reload:
             continue
+        if _still_importing(ep.module):
+            _PLUGINS_WAITING.add(key)
+            continue
+        _PLUGINS_WAITING.discard(key)
         try:
             target = ep.load()
             if callable(target):
@@ -145,6 +158,12 @@ def load_plugins(*, reload: bool = False) -> None:
         except Exception as e:  # a third-party bug must not break the suite
             _PLUGIN_ERRORS[key] = f"{type(e).__name__}: {e}"
             warnings.warn(f"agentgym_opsd: env plug-in '{key}' failed to load: {e}", stacklevel=2)
+
+
+def _still_importing(module_name: str) -> bool:
+    """Whether `module_name` is half-imported: in `sys.modules`, its body still running."""
+    module = sys.modules.get(module_name)
+    return module is not None and bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def notes_folder(folder: str | Path, aliases: Mapping[str, str] | None = None) -> Callable[[str], str | None]:

@@ -86,3 +86,17 @@ def test_contract_reports_the_envs_own_exception_first() -> None:
         check_text_env(lambda: DividesByZero(), run_gymnasium_checker=False)
     assert any("raised by the env" in note for note in getattr(caught.value, "__notes__", []))
     assert any("_apply" in str(frame.name) for frame in caught.traceback)
+
+
+def test_a_plugin_imported_before_the_package_registers_without_a_warning() -> None:
+    # `import environments.alfworld` first: its own `from agentgym_opsd... import` runs the plug-ins while
+    # the alfworld module is half-imported; its entry point must wait for it, not be reported broken.
+    import subprocess
+
+    code = ("import warnings; warnings.simplefilter('error')\n"
+            "import environments.alfworld, agentgym_opsd\n"
+            "from agentgym_opsd.registry import entry, plugin_errors\n"
+            "print(entry('agentgym/ALFWorld-Pick-v0').family, plugin_errors())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ALFWorld", "{}"]
