@@ -6,7 +6,9 @@
     .venv/bin/python -m benchmarks.credit_quality --model smollm2-135m --family all --quick
     .venv/bin/python -m benchmarks.credit_quality --page   # also writes docs/benchmarks/credit_quality.md
 
-1. The model, student and live teacher at once. `--model tiny` (the default): a tiny Qwen3 warm-started
+1. The model, student and live teacher at once (for a warm start, also the stale teacher a run starts
+   from: the frozen warm start); `--teacher-model` scores the teacher's contexts with another model.
+   `--model tiny` (the default): a tiny Qwen3 warm-started
    on ALFWorld Pick (cached under OUT/warmstart-<kind>-<N>games): fine-tuned on the expert with random
    detours, as the learning benchmark does, on `--train-games` Pick games (1,000 by default: on 200 a
    tiny model memorises the games, benchmarks/warm_start.py). `--warm-start plain` imitates the
@@ -153,6 +155,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the expert's random-detour rate (default: the family's)")
     ap.add_argument("--max-turns", type=int, default=None,
                     help="default: the family's (ALFWorld 8, WebShop 10, Search-QA 4)")
+    ap.add_argument("--teacher-model", help="score the teacher's contexts with this model (smollm2-135m or a model "
+                    "folder with the student's tokenizer) instead of the student: e.g. the untrained instruct model "
+                    "reading hindsight about a warm start's episodes")
     ap.add_argument("--policy-episodes", type=int, default=0,
                     help="also score the model's own rollouts (group t replays expert group t's game)")
     ap.add_argument("--warm-start", choices=("plain", "literate"), default="literate")
@@ -412,6 +417,20 @@ def load_model(args, out: Path, progress: bool):
     return model, tokenizer, label, warm / "model", time.perf_counter() - started
 
 
+def load_teacher(args, tokenizer) -> tuple[Any, str]:
+    """(model, "@label") of `--teacher-model`: it must read the student's token ids (the same vocabulary)."""
+    try:
+        teacher, teacher_tokenizer = load_hf_policy(args.teacher_model, device="cpu")
+    except PolicyLoadError as e:
+        raise SystemExit(f"credit_quality.py: error: --teacher-model: {e}") from None
+    if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise SystemExit(f"credit_quality.py: error: --teacher-model {args.teacher_model} has another tokenizer than "
+                         "the student; the teacher scores the student's token ids, so both need the same vocabulary")
+    teacher.eval()
+    label = args.teacher_model if not Path(args.teacher_model).exists() else Path(args.teacher_model).resolve().name
+    return teacher, f"@{label}"
+
+
 def family_settings(args, spec: FamilySpec) -> dict[str, Any]:
     options = dict(spec.options)
     if spec.name == "alfworld":
@@ -515,9 +534,12 @@ def teacher_contexts(spec: FamilySpec, episodes: list, cache: Path) -> tuple[dic
 
 
 def score_family(args, spec: FamilySpec, episodes: list, model, tokenizer, cache: Path, log, commit: str,
-                 progress: bool) -> FamilyScores:
+                 progress: bool, teacher: tuple[Any, str] | None = None) -> FamilyScores:
     """2. The rows (the family's span for StepOPSD, GRPO, GiGPO; the whole response for AgentOPSD,
-    RLSD), and 3. the student's and every teacher context's log-probs, each once (cached)."""
+    RLSD), and 3. the student's and every teacher context's log-probs, each once (cached). `teacher`:
+    (model, tag) of another model that scores the teacher's contexts (its passes cached under the tag);
+    None: the student is its own live teacher."""
+    teacher_model, tag = teacher if teacher is not None else (model, "")
     import torch
     from tqdm.auto import tqdm
 
@@ -550,12 +572,12 @@ def score_family(args, spec: FamilySpec, episodes: list, model, tokenizer, cache
             rows, config = action_rows, dataclasses.replace(config, span_mode=action_mode)
 
         def score(eps=eps, rows=rows, config=config, name=name):
-            scores = score_teacher(model, tokenizer, eps, rows, config, temperature=1.0,
+            scores = score_teacher(teacher_model, tokenizer, eps, rows, config, temperature=1.0,
                                    micro_batch_tokens=args.micro_batch_tokens, progress=name if progress else False)
             return {"logprobs": scores.logprobs, "scored": scores.scored, "truncated": int(scores.truncated),
                     "stats": scores.stats()}
 
-        passes[name] = cached_scores(cache / f"teacher-{name}.pt", context_digest(eps, config, rows_digest(rows)),
+        passes[name] = cached_scores(cache / f"teacher-{name}{tag}.pt", context_digest(eps, config, rows_digest(rows)),
                                      score, log, commit)
     bar.close()
     return FamilyScores(episodes, clean, action_rows, action_mode, passes, same_start, note_sources)
@@ -741,7 +763,7 @@ def pass_costs(passes: dict[str, dict]) -> tuple[dict, list[str]]:
 
 
 def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model_folder: Path, out: Path,
-               progress: bool) -> dict[str, Any]:
+               progress: bool, teacher: tuple[Any, str] | None = None) -> dict[str, Any]:
     """One family, steps 1-5 of the module docstring: its report (also written as
     OUT/credit_quality-<model>-<family>.json and .txt)."""
     from tqdm.auto import tqdm
@@ -751,11 +773,14 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
     settings, cache = family_cache(args, spec, model_label, model_folder, out)
     log = (lambda msg: tqdm.write(f"[{spec.name}] {msg}")) if progress else (lambda msg: None)
     episodes = family_episodes(spec, settings, cache, model, tokenizer, log, progress)
-    scores = score_family(args, spec, episodes, model, tokenizer, cache, log, commit, progress)
+    scores = score_family(args, spec, episodes, model, tokenizer, cache, log, commit, progress, teacher)
     items = credit_items(spec, scores, tokenizer, progress)
     results, differences, confidence = auc_tables(args, episodes, items)
 
     lines = family_table(args, spec, settings, scores, model_label, results, differences, confidence)
+    if teacher:
+        lines.insert(1, f"teacher: {teacher[1][1:]} scores every teacher context (the student, {model_label}, "
+                        "its own log-probs)")
     cost, cost_lines = pass_costs(scores.passes)
     wall = time.perf_counter() - started
     load_after = os.getloadavg()
@@ -766,7 +791,9 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
     success = np.array([e.success for e in episodes])
     labels = [lab["progress"] for e in episodes for lab in e.hindsight.details["turn_labels"]]
     report = {"args": {k: v for k, v in vars(args).items() if k != "families"}, "family": spec.name,
-              "settings": settings, "model": model_label, "success": float(success.mean()), "episodes": len(episodes),
+              "settings": settings, "model": model_label,
+              "teacher": teacher[1][1:] if teacher else "the student (live)", "success": float(success.mean()),
+              "episodes": len(episodes),
               "turns": sum(e.num_turns for e in episodes), "progress_share": float(np.mean(labels)),
               "results": results, "differences": differences, "confidence": confidence,
               "placebo_notes": scores.note_sources, "action_span_shares_passes": scores.same_start,
@@ -776,7 +803,7 @@ def run_family(args, spec: FamilySpec, model, tokenizer, model_label: str, model
         report["goals"] = goals(report)
         table += "\ngoals (issue 27):\n  " + "\n  ".join(report["goals"])
         report["table"] = table
-    stem = out / f"credit_quality-{model_label}-{spec.name}"
+    stem = out / f"credit_quality-{model_label}{teacher[1] if teacher else ''}-{spec.name}"
     atomic_write_json(stem.with_suffix(".json"), report)
     atomic_write_text(stem.with_suffix(".txt"), table + "\n")
     return report
@@ -864,12 +891,14 @@ def main(argv=None) -> int:
     progress = not args.no_progress
     out = Path(args.out)
     model, tokenizer, label, folder, load_seconds = load_model(args, out, progress)
+    teacher = load_teacher(args, tokenizer) if args.teacher_model else None
     reports = []
     for spec in args.families:
-        report = run_family(args, spec, model, tokenizer, label, folder, out, progress)
+        report = run_family(args, spec, model, tokenizer, label, folder, out, progress, teacher)
         reports.append(report)
         print(report["table"])
-        print(f"written: {out}/credit_quality-{label}-{spec.name}.json and .txt\n", flush=True)
+        print(f"written: {out}/credit_quality-{label}{teacher[1] if teacher else ''}-{spec.name}.json and .txt\n",
+              flush=True)
     print(f"model ready in {load_seconds:.0f}s")
     if args.page and reports:
         page = write_results_page(

@@ -5,6 +5,7 @@ The placebo hindsight block holds another task's real reference and peer.
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import numpy as np
@@ -150,6 +151,18 @@ def test_a_rerun_reads_every_forward_from_the_cache(tiny_qwen3, tmp_path):
     for name, mtime in files.items():
         changed = (cache / name).stat().st_mtime_ns != mtime
         assert changed == (name == "teacher-placebo.pt"), name
+    # --teacher-model: another model scores the teacher's contexts (its passes cached under its own name, the
+    # student's pass and episodes reused). A teacher with the student's very weights gives the same figures.
+    twin = tmp_path / "twin-teacher"
+    shutil.copytree(tiny_qwen3, twin)
+    third = subprocess.run([*args, "--teacher-model", str(twin)], capture_output=True, text=True, timeout=600,
+                           env=env, cwd=REPO)
+    assert third.returncode == 0, third.stderr[-3000:]
+    twin_report = json.loads((out / f"credit_quality-{tiny_qwen3.name}@twin-teacher-alfworld.json").read_text())
+    assert twin_report["teacher"] == "twin-teacher" and twin_report["results"] == report["results"]
+    assert (cache / "student.pt").stat().st_mtime_ns == files["student.pt"]
+    assert {p.name for p in cache.glob("teacher-*@twin-teacher.pt")} == {
+        name.replace(".pt", "@twin-teacher.pt") for name in files if name.startswith("teacher-")}
 
 
 def test_policy_groups_replay_the_expert_groups_games_and_a_game_is_one_bootstrap_unit(cq, tiny_qwen3):
