@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from benchmarks.common import REPO
 
 
-def test_bad_arguments_are_usage_errors(tmp_path):
+
+def test_bad_arguments_are_usage_errors(tmp_path, usage_errors):
     cases = (
         (["--train-games", "0"], "--train-games must be >= 1"),
         (["--train-games", "many"], "invalid int value"),
@@ -19,8 +16,4 @@ def test_bad_arguments_are_usage_errors(tmp_path):
         (["--family", "all", "--env", "agentgym/WebShop-v0"], "not both"),
         (["--env", "agentgym/Nope-v0"], "no env registered"),
     )
-    for args, says in cases:
-        done = subprocess.run([sys.executable, "-m", "benchmarks.credit_quality", *args], capture_output=True,
-                              text=True, timeout=120, cwd=REPO)
-        assert done.returncode == 2, (args, done.stderr)
-        assert says in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    usage_errors("credit_quality", cases)

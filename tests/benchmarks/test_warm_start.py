@@ -12,15 +12,15 @@ from benchmarks.common import REPO
 COMMAND = [sys.executable, "-m", "benchmarks.warm_start"]
 
 
-def test_bad_arguments_are_usage_errors(tmp_path):
-    for args, says in ((["--episodes", "0"], "--episodes must be >= 1"), (["--expert", "oracle"], "invalid choice"),
-                       (["--model", str(tmp_path)], "no config.json"),
-                       # the expert cannot win in one turn: nothing to warm-start on, said in one line
-                       (["--max-turns", "1", "--train-games", "2", "--sft-episodes", "2", "--episodes", "1",
-                         "--out", str(tmp_path / "w")], "nothing to warm-start on")):
-        done = subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=120, cwd=REPO)
-        assert done.returncode == 2, done.stderr
-        assert says in done.stderr and "Traceback" not in done.stderr
+def test_bad_arguments_are_usage_errors(tmp_path, usage_errors):
+    usage_errors("warm_start", ((["--episodes", "0"], "--episodes must be >= 1"),
+                                (["--expert", "oracle"], "invalid choice"),
+                                (["--model", str(tmp_path)], "no config.json")))
+    # the expert cannot win in one turn: nothing to warm-start on, said in one line (after its rollout)
+    done = subprocess.run([*COMMAND, "--max-turns", "1", "--train-games", "2", "--sft-episodes", "2", "--episodes", "1",
+                           "--out", str(tmp_path / "w")], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert "nothing to warm-start on" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_every_panel_is_played_once_per_game(tmp_path):
