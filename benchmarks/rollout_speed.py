@@ -355,7 +355,7 @@ def main(argv=None) -> int:
         spec = json.loads(args.play)
         print(json.dumps(play(spec["model"], spec["episodes"], spec["seed"], spec["threads"], spec["ceiling"])))
         return 0
-    args.model_path = resolve_model(args.model)
+    args.model_path = resolve_model(args.model).resolve()  # the baseline runs from its own folder
     out = Path(args.out)
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     results: dict = {}
