@@ -12,7 +12,7 @@ success at all, on the very games it trains on? A run that cannot do that cannot
    `python -m benchmarks.learning --warm-only` makes it).
 2. The games: `--games` G games of its training panel (ALFWorld Pick, small rooms, `trainer.recipes.PICK_REAL`),
    drawn with `--seed`, the same G games in every update (`TrainConfig.train_seeds`).
-3. GRPO from the warm start: `--steps` updates of G games x `--group-size` episodes at temperature 1, at
+3. GRPO from the warm start: `--steps` updates of G games x `--group-size` episodes at `--temperature` (1), at
    `--lr` (constant), `--mini-batches` x `--ppo-epochs` optimizer steps per update, the invalid-action
    penalty `--invalid-coef` (the family's default otherwise), on `--threads` torch threads (all of them:
    the run is alone). Resumes from its checkpoint: run it again to continue.
@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--mini-batches", type=int, default=2)
     ap.add_argument("--ppo-epochs", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="sampling temperature of the rollouts (and of the log-probs the update compares)")
     ap.add_argument("--invalid-coef", type=float, help="invalid-turn penalty (default: the env family's)")
     ap.add_argument("--seed", type=int, default=0, help="picks the games and seeds the run")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -71,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.games, args.group_size, args.steps = 2, 4, 2
         if args.out == "runs/learnability":
             args.out = "runs/learnability-quick"
+    if not 0 < args.temperature <= 2:
+        ap.error(f"--temperature must be in (0, 2], got {args.temperature}")
     for name in ("games", "group_size", "steps", "mini_batches", "ppo_epochs", "threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -91,7 +95,8 @@ def run_config(args, games: list[int]) -> TrainConfig:
     return TrainConfig(
         env_id=PICK_ENV, out=str(Path(args.out) / "run"), method="grpo", model=str(args.warm),
         env_options=recipe.env_options(panel), steps=args.steps, tasks_per_step=len(games),
-        group_size=args.group_size, train_seeds=games, lr=args.lr, lr_schedule="constant",
+        group_size=args.group_size, train_seeds=games, temperature=args.temperature, lr=args.lr,
+        lr_schedule="constant",
         mini_batches=args.mini_batches, ppo_epochs=args.ppo_epochs, max_new_tokens=recipe.max_new_tokens,
         train_layers=recipe.train_layers, autocast=recipe.autocast, eval_episodes=0, eval_before=False,
         eval_every=0, seed=args.seed, cpu_threads=args.threads, credit=credit, save_every=1,
@@ -134,7 +139,8 @@ def paired_change(before: list, after: list, draws: int = 4000) -> dict:
 def format_table(args, games: list[int], updates: list[dict], change: dict, seconds: float,
                  load: tuple[float, float]) -> str:
     lines = [f"learnability: GRPO on {len(games)} fixed training games x {args.group_size} episodes, {args.steps} "
-             f"updates, lr {args.lr}, {args.mini_batches} mini-batches x {args.ppo_epochs} epochs, from {args.warm} | "
+             f"updates, temperature {args.temperature}, lr {args.lr}, {args.mini_batches} mini-batches x "
+             f"{args.ppo_epochs} epochs, from {args.warm} | "
              f"games {games} | commit {git_commit()}, {args.threads} threads, load {load[0]:.1f} -> {load[1]:.1f}, "
              f"{seconds / 60:.1f} min",
              f"{'update':>6} {'success':>8} {'reward':>7} {'invalid':>8} {'KL old-new':>11} {'KL floor':>9} "
@@ -162,7 +168,8 @@ def page_body(args, games: list[int], updates: list[dict], change: dict, seconds
     table = markdown_table(["update", "train success", "reward", "invalid turns", "KL old->new", "KL floor",
                             "clip fraction", "grad norm", "step s"], rows)
     return (f"GRPO from `{args.warm}` on {len(games)} fixed training games of ALFWorld Pick (reset seeds "
-            f"{games}) x {args.group_size} episodes per update, {args.steps} updates, lr {args.lr}, "
+            f"{games}) x {args.group_size} episodes per update at temperature {args.temperature}, "
+            f"{args.steps} updates, lr {args.lr}, "
             f"{args.mini_batches} mini-batch(es) x {args.ppo_epochs} epoch(s), invalid-turn penalty "
             f"{'the family default' if args.invalid_coef is None else args.invalid_coef}; "
             f"{seconds / 60:.1f} min.\n\n"
