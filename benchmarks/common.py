@@ -132,7 +132,7 @@ def write_results_page(name: str, title: str, body: str, *, command: str, thread
         if DISCUSSION_MARKER in old:
             discussion = old.split(DISCUSSION_MARKER, 1)[1]
     load_text = ("not recorded" if load is None else
-                 " -> ".join(f"{x:g}" for x in load) if isinstance(load, (list, tuple)) else str(load))
+                 " -> ".join(f"{x:.2f}" for x in load) if isinstance(load, (list, tuple)) else str(load))
     facts = (f"Measured at commit {commit or git_commit()} on {time.strftime('%Y-%m-%d')}, on {cpu_model()}, "
              f"{'threads not recorded' if threads is None else f'{threads} torch thread(s)'}, load average "
              f"{load_text}, by:\n\n    {command}")
