@@ -117,7 +117,8 @@ def replay_first_rollout(config: TrainConfig, model_dir: Path) -> list:
 
 def paired_change(before: list, after: list, draws: int = 4000) -> dict:
     """Success before and after (episodes paired by id), the difference with a 95% interval from a
-    bootstrap over games, and an exact two-sided McNemar p over the discordant episodes."""
+    bootstrap over games, an exact two-sided McNemar p over the discordant episodes, and the share of
+    invalid turns before and after."""
     by_id = {e.episode_id: e for e in after}
     pairs = [(int(e.success), int(by_id[e.episode_id].success), e.group) for e in before]
     games = sorted({g for _, _, g in pairs})
@@ -133,7 +134,14 @@ def paired_change(before: list, after: list, draws: int = 4000) -> dict:
     return {"before": float(np.mean([b for b, _, _ in pairs])), "after": float(np.mean([a for _, a, _ in pairs])),
             "difference": float(per_game[:, 1].mean() - per_game[:, 0].mean()),
             "interval": [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))],
-            "gained": up, "lost": down, "mcnemar_p": min(1.0, 2 * tail), "episodes": len(pairs)}
+            "gained": up, "lost": down, "mcnemar_p": min(1.0, 2 * tail), "episodes": len(pairs),
+            "invalid_before": invalid_share(before), "invalid_after": invalid_share(after)}
+
+
+def invalid_share(episodes: list) -> float:
+    """Invalid turns over all turns of `episodes` (0 when they played none)."""
+    turns = sum(e.num_turns for e in episodes)
+    return sum(e.invalid_turns for e in episodes) / turns if turns else 0.0
 
 
 def format_table(args, games: list[int], updates: list[dict], change: dict, seconds: float,

@@ -19,7 +19,8 @@ def test_bad_arguments_are_usage_errors(tmp_path, usage_errors):
 
 def episodes(outcomes: dict[int, list[int]]) -> list:
     """game -> each episode's success, as the episodes the paired statistics read."""
-    return [SimpleNamespace(episode_id=f"g{game}-{i}", group=game, success=bool(won))
+    return [SimpleNamespace(episode_id=f"g{game}-{i}", group=game, success=bool(won), num_turns=4,
+                            invalid_turns=0 if won else 1)
             for game, wins in outcomes.items() for i, won in enumerate(wins)]
 
 
@@ -33,6 +34,7 @@ def test_paired_change_pairs_episodes_by_id_and_counts_the_discordant_ones():
     assert change["mcnemar_p"] == pytest.approx(2 / 2**4)  # exact: all 4 discordant episodes one way
     low, high = change["interval"]
     assert 0 <= low <= change["difference"] <= high <= 0.5  # games changed by 0, 1/4 and 1/2 of their episodes
+    assert change["invalid_before"] == pytest.approx(9 / 48) and change["invalid_after"] == pytest.approx(5 / 48)
 
 
 def test_no_change_is_a_zero_difference_with_p_one():
