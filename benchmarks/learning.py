@@ -89,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, kind in (("train-games", int), ("eval-games", int), ("max-turns", int), ("sft-episodes", int),
                        ("sft-epochs", int), ("sft-lr", float), ("sft-noise", float), ("train-layers", int),
                        ("steps", int), ("tasks-per-step", int), ("group-size", int), ("lr", float),
-                       ("mini-batches", int), ("max-new-tokens", int)):
+                       ("mini-batches", int), ("ppo-epochs", int), ("temperature", float), ("max-new-tokens", int)):
         ap.add_argument(f"--{name}", type=kind, help="default: the model kind's recipe (trainer/recipes.py)")
     ap.add_argument("--autocast", choices=("none", "bf16", "auto"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -125,9 +125,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name, None) is None:
             setattr(args, name, value)
     for name in ("train_games", "eval_games", "max_turns", "sft_episodes", "sft_epochs", "steps", "tasks_per_step",
-                 "group_size", "mini_batches", "max_new_tokens"):
+                 "group_size", "mini_batches", "ppo_epochs", "max_new_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0 < args.temperature <= 2:
+        ap.error(f"--temperature must be in (0, 2], got {args.temperature}")
     if not tiny:
         if not is_named_model(args.model) and not (Path(args.model) / "config.json").is_file():
             ap.error(f"--model {args.model}: not a named model (smollm2-135m) nor a model folder (no config.json)")
@@ -388,7 +390,8 @@ def run_rl(args, out: Path, methods: Sequence[str], common: dict) -> dict:
                     todo[(method, w, seed)] = dict(
                         out=str(run_dir), method=method, model=str(out / f"warm{w}" / "model"), steps=args.steps,
                         seed=seed, tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr,
-                        lr_schedule=args.lr_schedule, mini_batches=args.mini_batches, eval_every=0,
+                        lr_schedule=args.lr_schedule, mini_batches=args.mini_batches, ppo_epochs=args.ppo_epochs,
+                        temperature=args.temperature, eval_every=0,
                         eval_before=False, credit=credit, save_every=1, **common,
                     )
     return run_jobs(todo, args.jobs, args.progress)
@@ -454,7 +457,8 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
         f"{args.env}, small rooms, {args.max_turns} turns, {args.train_games} training games | {panel_line}, greedy | "
         f"{what}, {trained} | warm start: {args.sft_episodes} expert episodes x {args.sft_epochs} epochs "
         f"({'searching' if args.expert_searches else 'planner'} expert, detours {args.sft_noise}, lr {args.sft_lr}) | "
-        f"RL: {args.steps} updates x {args.tasks_per_step} tasks x {args.group_size} episodes, lr {args.lr} | "
+        f"RL: {args.steps} updates x {args.tasks_per_step} tasks x {args.group_size} episodes, lr {args.lr}, "
+        f"{args.mini_batches}x{args.ppo_epochs} optimizer steps, temperature {args.temperature} | "
         f"{shape}",
         f"warm start: {100 * start_mean:.1f}% [{100 * start_low:.1f}, {100 * start_high:.1f}]",
         f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "

@@ -49,7 +49,8 @@ class PickRecipe:
         object is (False).
     sft_episodes, sft_epochs, sft_lr, sft_noise: the warm start. train_layers: the top layers trained
         (0: every weight). autocast: `TrainConfig.autocast`. max_new_tokens: the per-turn token cap.
-    steps, tasks_per_step, group_size, lr, lr_schedule, mini_batches: RL from the warm start.
+    steps, tasks_per_step, group_size, lr, lr_schedule, mini_batches, ppo_epochs, temperature: RL from
+        the warm start (temperature: the rollouts' sampling temperature).
     """
 
     train_games: int
@@ -70,6 +71,8 @@ class PickRecipe:
     lr_schedule: str
     mini_batches: int
     max_new_tokens: int
+    ppo_epochs: int = 1
+    temperature: float = 1.0
 
     def fields(self) -> dict[str, Any]:
         """The recipe as a dict, in field order."""

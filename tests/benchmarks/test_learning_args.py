@@ -18,7 +18,9 @@ def test_bad_counts_are_usage_errors(usage_errors):
     usage_errors("learning", ((["--jobs", "0"], "--jobs must be >= 1"), (["--jobs", "-2"], "--jobs must be >= 1"),
                               (["--jobs", "two"], "invalid int value"), (["--seeds", "0"], "--seeds must be >= 1"),
                               (["--model", "no/such/folder"], "not a named model"),
-                              (["--device", "tpu"], "invalid choice: 'tpu'")))
+                              (["--device", "tpu"], "invalid choice: 'tpu'"),
+                              (["--ppo-epochs", "0"], "--ppo-epochs must be >= 1"),
+                              (["--temperature", "0"], "--temperature must be in (0, 2]")))
 
 
 def test_each_model_kind_gets_its_own_defaults_and_flags_override_them():
@@ -28,6 +30,8 @@ def test_each_model_kind_gets_its_own_defaults_and_flags_override_them():
     tiny = learning.parse_args(["--model", "tiny", "--steps", "3", "--quick"])
     assert (tiny.train_layers, tiny.eval_split, tiny.steps,
             tiny.out) == (0, "valid_seen", 3, "runs/learning-tiny-quick")
+    cooler = learning.parse_args(["--temperature", "0.7", "--ppo-epochs", "3"])
+    assert (cooler.temperature, cooler.ppo_epochs, cooler.lr) == (0.7, 3, real.lr)  # the rest stays the recipe's
 
 
 def test_the_interval_holds_the_run_to_run_spread_not_only_games():
