@@ -148,7 +148,7 @@ def summarise(name: str, result: dict) -> dict:
         "before": change["before"], "after": change["after"], "difference": change["difference"],
         "interval": change["interval"], "gained": change["gained"], "lost": change["lost"],
         "invalid_before": change.get("invalid_before"), "invalid_after": change.get("invalid_after"),
-        "minutes": result["seconds"] / 60,
+        "minutes": sum(u["time/step_s"] for u in updates) / 60,  # the updates' own time (a resumed run's too)
     }
 
 
@@ -168,7 +168,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 
 HEADER = ["setting", "lr", "mini-batches x epochs", "group", "penalty", "KL old->new", "KL floor", "clip fraction",
           "grad norm", "train success per update", "success before -> after", "points [95%]",
-          "invalid turns before -> after", "min"]
+          "invalid turns before -> after", "update min"]
 
 
 def format_text(args, rows: list[dict], load: tuple[float, float], seconds: float) -> str:
@@ -221,7 +221,7 @@ def page_body(args, rows: list[dict], text_rows: list[list[str]]) -> str:
             "setting's updates; KL floor: the same log-probs through the update's two code paths before any step "
             "(rounding alone). Before -> after: the first update's rollout, then the trained policy on the same "
             "games, episode ids and sampling seed; points: the paired difference with a 95% bootstrap interval "
-            "over games.")
+            "over games. Update min: the setting's updates, rollouts included (not the replay after).")
 
 
 def main(argv=None) -> int:

@@ -43,7 +43,7 @@ def write_run(args, name: str, steps: int, kls: list[float]) -> None:
     ran = vars(learnability.parse_args(budget_sweep.learnability_argv(args, name)))
     ran["steps"] = steps
     updates = [{"step": i + 1, "kl_old_new": kl, "kl_floor": 1e-6, "clip_frac": 0.01 * (i + 1), "grad_norm": 0.2,
-                "train/success": 0.125 * (i + 1)} for i, kl in enumerate(kls)]
+                "train/success": 0.125 * (i + 1), "time/step_s": 150.0} for i, kl in enumerate(kls)]
     change = {"before": 0.125, "after": 0.25, "difference": 0.125, "interval": [-0.05, 0.3], "gained": 5,
               "lost": 1, "mcnemar_p": 0.2, "episodes": 32, "invalid_before": 0.3, "invalid_after": 0.1}
     folder = Path(args.out) / name
