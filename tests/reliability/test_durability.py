@@ -235,6 +235,8 @@ ALLOWED_DIRECT_WRITES = {
     ("retrieval_index/process.py", "open("): "the child server's log (appended, diagnostic only)",
     ("trainer/memory.py", "open("): "a command to the kernel (/proc/self/clear_refs), not a file",
     ("benchmarks/retrieval_speed.py", "open("): "a scratch corpus in a temporary folder, deleted after the run",
+    ("benchmarks/budget_sweep.py",
+     "open("): "a setting's child-process log (diagnostic only; its results come from learnability.json)",
     ("benchmarks/scale.py",
      "open("): "generated corpora and catalogs streamed into its --work folder, deleted after each size",
 }
