@@ -12,8 +12,9 @@ success at all, on the very games it trains on? A run that cannot do that cannot
    `python -m benchmarks.learning --warm-only` makes it).
 2. The games: `--games` G games of its training panel (ALFWorld Pick, small rooms, `trainer.recipes.PICK_REAL`),
    drawn with `--seed`, the same G games in every update (`TrainConfig.train_seeds`).
-3. GRPO from the warm start: `--steps` updates of G games x `--group-size` episodes at `--temperature` (1), at
-   `--lr` (constant), `--mini-batches` x `--ppo-epochs` optimizer steps per update, the invalid-action
+3. GRPO from the warm start: `--steps` updates of G games x `--group-size` episodes at `--temperature`, at
+   `--lr` (constant), `--mini-batches` x `--ppo-epochs` optimizer steps per update (defaults: `PICK_REAL`'s,
+   the learning benchmark's), the invalid-action
    penalty `--invalid-coef` (the family's default otherwise), on `--threads` torch threads (all of them:
    the run is alone). Resumes from its checkpoint: run it again to continue.
 4. Before and after, paired: the warm start's sampled success on those games is its first update's rollout;
@@ -54,12 +55,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warm", default=DEFAULT_WARM, help="the warm start's model folder")
     ap.add_argument("--games", type=int, default=8)
-    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=PICK_REAL.group_size)
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--mini-batches", type=int, default=2)
-    ap.add_argument("--ppo-epochs", type=int, default=1)
-    ap.add_argument("--temperature", type=float, default=1.0,
+    ap.add_argument("--lr", type=float, default=PICK_REAL.lr)
+    ap.add_argument("--mini-batches", type=int, default=PICK_REAL.mini_batches)
+    ap.add_argument("--ppo-epochs", type=int, default=PICK_REAL.ppo_epochs)
+    ap.add_argument("--temperature", type=float, default=PICK_REAL.temperature,
                     help="sampling temperature of the rollouts (and of the log-probs the update compares)")
     ap.add_argument("--invalid-coef", type=float, help="invalid-turn penalty (default: the env family's)")
     ap.add_argument("--seed", type=int, default=0, help="picks the games and seeds the run")

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import learnability
+from trainer.recipes import PICK_REAL
 
 
 def test_bad_arguments_are_usage_errors(tmp_path, usage_errors):
@@ -15,6 +16,15 @@ def test_bad_arguments_are_usage_errors(tmp_path, usage_errors):
                                   (["--temperature", "0"], "--temperature must be in (0, 2]"),
                                   (["--games", "5000"], "the training panel has"),
                                   (["--warm", str(tmp_path)], "no model folder there")))
+
+
+def test_the_update_settings_default_to_the_learning_benchmarks_recipe(tmp_path):
+    """Learnability asks whether the budget `benchmarks.learning` trains with lifts the policy, so a bare
+    command must run that budget, not a second set of numbers."""
+    (tmp_path / "config.json").write_text("{}")
+    args = learnability.parse_args(["--warm", str(tmp_path)])
+    ran = {name: getattr(args, name) for name in ("lr", "mini_batches", "ppo_epochs", "temperature", "group_size")}
+    assert ran == {name: getattr(PICK_REAL, name) for name in ran}
 
 
 def episodes(outcomes: dict[int, list[int]]) -> list:
