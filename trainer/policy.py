@@ -41,6 +41,7 @@ __all__ = [
     "load_tokenizer",
     "parameter_count",
     "pin_cpu_threads",
+    "cpu_bf16_unsupported",
     "cpu_has_fast_bf16",
     "autocast_context",
     "resolve_device",
@@ -117,18 +118,43 @@ def resolve_dtype(name: str, device):
     return table[name]
 
 
-def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in hardware (Intel AMX-BF16, AVX512-BF16), where
-    bf16 autocast about doubles a CPU forward's tokens/s; elsewhere bf16 is emulated and slower."""
+def _cpu_flags() -> set[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"amx_bf16", "avx512_bf16"})
+                    return set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return False
+    return set()
+
+
+def _torch_cpu_kernels() -> str:
+    """The instruction set torch's CPU kernels were dispatched to: AVX512, AVX2, DEFAULT (capped by the
+    ATEN_CPU_CAPABILITY environment variable), or another architecture's name."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (Intel AMX-BF16, AVX512-BF16) and torch
+    runs its AVX-512 kernels, which use those units: there bf16 autocast about doubles a CPU forward's
+    tokens/s; elsewhere bf16 is emulated and slower."""
+    return bool(_cpu_flags() & {"amx_bf16", "avx512_bf16"}) and _torch_cpu_kernels() == "AVX512"
+
+
+def cpu_bf16_unsupported() -> str | None:
+    """Why bf16 cannot run on this CPU in this process, or None. torch's bf16 attention packs its blocks
+    for AMX whenever the CPU has AMX, with a routine that exists only in its AVX-512 kernels: on an AMX
+    CPU whose kernels are capped below AVX-512 (ATEN_CPU_CAPABILITY), every bf16 attention fails."""
+    kernels = _torch_cpu_kernels()
+    if "amx_bf16" in _cpu_flags() and kernels in ("DEFAULT", "AVX2"):
+        return (f"this CPU has AMX but torch runs its {kernels} kernels "
+                f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}), and its bf16 attention "
+                "then fails; unset ATEN_CPU_CAPABILITY, or use --autocast none")
+    return None
 
 
 def resolve_autocast(name: str, device) -> str:
@@ -141,6 +167,8 @@ def resolve_autocast(name: str, device) -> str:
         return "bf16" if device.type == "cpu" and cpu_has_fast_bf16() else "none"
     if name not in ("bf16", "none"):
         raise PolicyLoadError(f"autocast {name!r}: use none, bf16 or auto")
+    if name == "bf16" and device.type == "cpu" and (why := cpu_bf16_unsupported()):
+        raise PolicyLoadError(f"autocast bf16: {why}")
     return name
 
 

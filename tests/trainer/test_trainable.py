@@ -10,10 +10,16 @@ from tolerances import assert_close_to_scale
 
 from agentgym_opsd.io import read_jsonl
 from trainer.local import LocalTrainer, TrainError
-from trainer.policy import autocast_context, cpu_has_fast_bf16, load_hf_policy
+import trainer.policy
+from trainer.policy import PolicyLoadError, autocast_context, cpu_bf16_unsupported, cpu_has_fast_bf16, load_hf_policy
 from trainer.trainable import TrainableError, select_trainable
 
 pytestmark = pytest.mark.float_sensitive  # also run under a second set of CPU kernels (.ci/run)
+
+# bf16 refused in this process (an AMX CPU with torch's kernels capped below AVX-512: the float-sensitive
+# pass of .ci/run on such a machine); the refusal itself is tested below either way.
+needs_bf16 = pytest.mark.skipif(cpu_bf16_unsupported() is not None,
+                                reason=f"bf16 is refused here: {cpu_bf16_unsupported()}")
 
 
 def initial_state(tmp_path, **changes):
@@ -69,6 +75,7 @@ def test_bad_choices_of_trained_weights_are_refused(tmp_path):
         select_trainable(torch.nn.Linear(2, 2), train_layers=-1)
 
 
+@needs_bf16
 def test_bf16_autocast_scores_near_float32_and_auto_follows_the_cpu(tmp_path):
     from test_local_train import ParityEnv  # noqa: F401  (registers the env)
     from trainer.forward import token_logprobs
@@ -89,6 +96,7 @@ def test_bf16_autocast_scores_near_float32_and_auto_follows_the_cpu(tmp_path):
     assert isinstance(auto, torch.autocast) == cpu_has_fast_bf16()
 
 
+@needs_bf16
 def test_weights_updated_inside_one_autocast_context_are_seen_by_the_next_forward():
     """An SFT epoch runs many optimizer steps inside one `compute()` context. With autocast's weight
     cache on, every forward after the first reused the first bf16 copy of each weight: the epoch did
@@ -105,6 +113,7 @@ def test_weights_updated_inside_one_autocast_context_are_seen_by_the_next_forwar
     assert float((second - first).abs().max()) > 1.0  # the step moved the weights, and the forward saw it
 
 
+@needs_bf16
 def test_a_bf16_run_samples_with_a_bf16_copy_and_trains_float32_weights(tmp_path, monkeypatch):
     """Under bf16 autocast on a CPU the rollout samples with a bfloat16 copy of the policy (autocast,
     with its weight cache off, would cast every weight at every decoding step): the sampled log-probs
@@ -128,3 +137,33 @@ def test_a_bf16_run_samples_with_a_bf16_copy_and_trains_float32_weights(tmp_path
     assert all(p.dtype == torch.float32 for p in run.state.model.parameters())
     record = [r for r in read_jsonl(tmp_path / "bf16" / "metrics.jsonl") if r["kind"] == "train"][-1]
     assert 0 < record["rollout/logprob_gap"] < 0.05  # bf16 rounding, not another policy
+
+
+@pytest.mark.parametrize(("flags", "kernels", "auto", "refused"), [
+    ({"amx_bf16", "avx512_bf16"}, "AVX512", "bf16", False),  # a Sapphire Rapids Xeon as torch runs it
+    ({"amx_bf16", "avx512_bf16"}, "DEFAULT", "none", True),   # the same under ATEN_CPU_CAPABILITY=default
+    ({"amx_bf16", "avx512_bf16"}, "AVX2", "none", True),
+    ({"avx2"}, "AVX2", "none", False),                        # no bf16 units: emulated bf16 still runs
+])
+def test_bf16_follows_the_cpu_and_the_kernels_torch_runs(monkeypatch, flags, kernels, auto, refused):
+    monkeypatch.setattr(trainer.policy, "_cpu_flags", lambda: set(flags))
+    monkeypatch.setattr(trainer.policy, "_torch_cpu_kernels", lambda: kernels)
+    assert trainer.policy.resolve_autocast("auto", "cpu") == auto
+    if refused:
+        with pytest.raises(PolicyLoadError, match="unset ATEN_CPU_CAPABILITY, or use --autocast none"):
+            trainer.policy.resolve_autocast("bf16", "cpu")
+    else:
+        assert trainer.policy.resolve_autocast("bf16", "cpu") == "bf16"
+
+
+def test_bf16_is_refused_exactly_where_torchs_bf16_attention_fails():
+    """The refusal's premise, checked against torch itself: a bf16 attention over 128 positions (torch
+    packs its blocks for AMX from 64 on) fails where, and only where, `cpu_bf16_unsupported` says so."""
+    q = torch.randn(1, 2, 128, 32, dtype=torch.bfloat16)
+    mask = torch.zeros(1, 1, 128, 128, dtype=torch.bfloat16)
+    try:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        failed = False
+    except RuntimeError:
+        failed = True
+    assert failed == (cpu_bf16_unsupported() is not None)
