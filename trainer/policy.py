@@ -15,6 +15,7 @@ when a function needs them, so that the CLI can check an `hf:` agent and pin its
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -118,16 +119,18 @@ def resolve_dtype(name: str, device):
     return table[name]
 
 
-def _cpu_flags() -> set[str]:
-    """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where there is none), read once: every
+    `autocast_context` asks."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def _torch_cpu_kernels() -> str:
