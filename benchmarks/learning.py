@@ -89,7 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, kind in (("train-games", int), ("eval-games", int), ("max-turns", int), ("sft-episodes", int),
                        ("sft-epochs", int), ("sft-lr", float), ("sft-noise", float), ("train-layers", int),
                        ("steps", int), ("tasks-per-step", int), ("group-size", int), ("lr", float),
-                       ("mini-batches", int), ("ppo-epochs", int), ("temperature", float), ("max-new-tokens", int)):
+                       ("mini-batches", int), ("ppo-epochs", int), ("temperature", float), ("max-new-tokens", int),
+                       ("kl-coef", float)):
         ap.add_argument(f"--{name}", type=kind, help="default: the model kind's recipe (trainer/recipes.py)")
     ap.add_argument("--autocast", choices=("none", "bf16", "auto"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -107,6 +108,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="RL runs at once, each in its own process on CPUs // runs-at-once threads "
                     "(default: min(2, CPUs))")
+    ap.add_argument("--threads", type=int, help="torch threads per run (default: CPUs // runs at once; set it when "
+                    "another invocation shares the CPUs)")
     ap.add_argument("--warm-only", action="store_true",
                     help="train and evaluate the warm start(s), then stop (e.g. a literate one with --sft-privileged)")
     ap.add_argument("--table-only", action="store_true",
@@ -116,6 +119,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
     for name in ("seeds", "warm_starts"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -130,6 +135,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not 0 < args.temperature <= 2:
         ap.error(f"--temperature must be in (0, 2], got {args.temperature}")
+    if not args.kl_coef >= 0:
+        ap.error(f"--kl-coef must be >= 0, got {args.kl_coef}")
     if not tiny:
         if not is_named_model(args.model) and not (Path(args.model) / "config.json").is_file():
             ap.error(f"--model {args.model}: not a named model (smollm2-135m) nor a model folder (no config.json)")
@@ -298,14 +305,14 @@ def held_out_panel(args, env_options: dict) -> tuple[dict, list[int], str]:
                                  f"{args.eval_games} dropped: a training game has the same goal and expert plan)")
 
 
-def run_jobs(todo: dict, jobs: int, progress: bool, run=rl_run) -> dict:
-    """Run every (key -> TrainConfig fields) job, `jobs` at a time, each on the CPUs' share of the runs
-    at once (a run alone uses them all); returns key -> wall seconds."""
+def run_jobs(todo: dict, jobs: int, progress: bool, run=rl_run, threads: int | None = None) -> dict:
+    """Run every (key -> TrainConfig fields) job, `jobs` at a time, each on `threads` torch threads or by
+    default the CPUs' share of the runs at once (a run alone uses them all); returns key -> wall seconds."""
     seconds: dict = {}
     if not todo:
         return seconds
     at_once = min(jobs, len(todo))
-    threads = max(1, (os.cpu_count() or 1) // at_once)
+    threads = threads or max(1, (os.cpu_count() or 1) // at_once)
     # (The tiny model's matrices are too small to split: it keeps one thread; CUDA runs have cpu_threads 0.)
     todo = {key: {**fields, "cpu_threads": threads} if fields.get("cpu_threads") and fields.get("model") != "tiny"
             else fields for key, fields in todo.items()}
@@ -371,7 +378,7 @@ def run_warm_starts(args, out: Path, common: dict) -> tuple[dict, dict[int, list
                 sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_noise=args.sft_noise,
                 sft_lr=args.sft_lr, sft_privileged=args.sft_privileged, **model_fields, **common,
             )
-    seconds = run_jobs(todo, args.jobs, args.progress)
+    seconds = run_jobs(todo, args.jobs, args.progress, threads=args.threads)
     starts = {w: final_outcomes(out / f"warm{w}", 0) for w in range(args.warm_starts)
               if not args.table_only or (out / f"warm{w}" / "report.json").exists()}
     return seconds, starts
@@ -391,10 +398,10 @@ def run_rl(args, out: Path, methods: Sequence[str], common: dict) -> dict:
                         out=str(run_dir), method=method, model=str(out / f"warm{w}" / "model"), steps=args.steps,
                         seed=seed, tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr,
                         lr_schedule=args.lr_schedule, mini_batches=args.mini_batches, ppo_epochs=args.ppo_epochs,
-                        temperature=args.temperature, eval_every=0,
+                        temperature=args.temperature, kl_coef=args.kl_coef, eval_every=0,
                         eval_before=False, credit=credit, save_every=1, **common,
                     )
-    return run_jobs(todo, args.jobs, args.progress)
+    return run_jobs(todo, args.jobs, args.progress, threads=args.threads)
 
 
 def rl_run_dir(out: Path, warm: int, method: str, seed: int) -> Path:
@@ -565,7 +572,8 @@ def main(argv=None) -> int:
         page = write_results_page(
             "learning", "Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO?",
             f"```\n{table}\n```", command="python -m benchmarks.learning " + " ".join(sys.argv[1:]),
-            threads=(os.cpu_count() or 1) // max(1, args.jobs), load=[round(load_before, 2), round(load_after, 2)],
+            threads=args.threads or (os.cpu_count() or 1) // max(1, args.jobs),
+            load=[round(load_before, 2), round(load_after, 2)],
             plots=("learning.png",))
         print(f"wrote {page}")
     return 0

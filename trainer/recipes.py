@@ -50,8 +50,9 @@ class PickRecipe:
         object is (False).
     sft_episodes, sft_epochs, sft_lr, sft_noise: the warm start. train_layers: the top layers trained
         (0: every weight). autocast: `TrainConfig.autocast`. max_new_tokens: the per-turn token cap.
-    steps, tasks_per_step, group_size, lr, lr_schedule, mini_batches, ppo_epochs, temperature: RL from
-        the warm start (temperature: the rollouts' sampling temperature).
+    steps, tasks_per_step, group_size, lr, lr_schedule, mini_batches, ppo_epochs, temperature, kl_coef: RL
+        from the warm start (temperature: the rollouts' sampling temperature; kl_coef: the weight of the
+        KL penalty to the warm start, 0 for none).
     """
 
     train_games: int
@@ -74,6 +75,7 @@ class PickRecipe:
     max_new_tokens: int
     ppo_epochs: int = 1
     temperature: float = 1.0
+    kl_coef: float = 0.0
 
     def fields(self) -> dict[str, Any]:
         """The recipe as a dict, in field order."""

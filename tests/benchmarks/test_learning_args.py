@@ -20,7 +20,25 @@ def test_bad_counts_are_usage_errors(usage_errors):
                               (["--model", "no/such/folder"], "not a named model"),
                               (["--device", "tpu"], "invalid choice: 'tpu'"),
                               (["--ppo-epochs", "0"], "--ppo-epochs must be >= 1"),
-                              (["--temperature", "0"], "--temperature must be in (0, 2]")))
+                              (["--temperature", "0"], "--temperature must be in (0, 2]"),
+                              (["--kl-coef", "-0.1"], "--kl-coef must be >= 0"),
+                              (["--kl-coef", "nan"], "--kl-coef must be >= 0"),
+                              (["--threads", "0"], "--threads must be >= 1")))
+
+
+def test_kl_coef_and_threads_reach_every_rl_run(monkeypatch, tmp_path):
+    seen = {}
+
+    def capture(todo, jobs, progress, run=None, threads=None):
+        seen.update(todo=todo, threads=threads)
+        return {}
+
+    monkeypatch.setattr(learning, "run_jobs", capture)
+    args = learning.parse_args(["--kl-coef", "0.05", "--threads", "1", "--out", str(tmp_path)])
+    learning.run_rl(args, tmp_path, ["grpo", "gigpo"], {})
+    assert {fields["kl_coef"] for fields in seen["todo"].values()} == {0.05}
+    assert seen["threads"] == 1 and len(seen["todo"]) == 2
+    assert learning.parse_args([]).kl_coef == 0.0  # the recipe's default: no penalty
 
 
 def test_each_model_kind_gets_its_own_defaults_and_flags_override_them():
