@@ -411,8 +411,8 @@ def rl_run_dir(out: Path, warm: int, method: str, seed: int) -> Path:
 def analyse(args, out: Path, methods: Sequence[str], design: dict[int, list[int]],
             starts: dict[int, list[int]]) -> dict:
     """The figures of the finished runs in `design`: the warm start's held-out success and, per method,
-    success after RL, its paired difference to GRPO (hierarchical bootstrap intervals, one generator
-    seeded 0 drawn in a fixed order) and its step costs and memory peak."""
+    success after RL, its paired differences to its warm start and to GRPO (`mean_interval`s, one
+    generator seeded 0 drawn in a fixed order) and its step costs and memory peak."""
     rng = np.random.default_rng(0)
 
     def last_update(path: Path) -> int:
@@ -434,6 +434,11 @@ def analyse(args, out: Path, methods: Sequence[str], design: dict[int, list[int]
                                                                                   "update")}
         entry = {"success": mean, "interval": [low, high], "per_run": [t.mean(axis=1).tolist() for t in finals[method]],
                  "step_seconds": phase}
+        # paired to its own warm start: every seed's run minus the warm start's outcome on the same game
+        gain = [t - s for t, s in zip(finals[method], start_table, strict=True)]
+        g, g_low, g_high = mean_interval(gain, args.bootstrap, rng)
+        entry["vs_start"] = {"difference": g, "interval": [g_low, g_high],
+                             "per_run": np.concatenate([t.mean(axis=1) for t in gain]).tolist()}
         if method != "grpo" and "grpo" in finals:
             delta = [a - b for a, b in zip(finals[method], finals["grpo"], strict=True)]
             d, d_low, d_high = mean_interval(delta, args.bootstrap, rng)
@@ -465,10 +470,13 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
         f"{what}, {trained} | warm start: {args.sft_episodes} expert episodes x {args.sft_epochs} epochs "
         f"({'searching' if args.expert_searches else 'planner'} expert, detours {args.sft_noise}, lr {args.sft_lr}) | "
         f"RL: {args.steps} updates x {args.tasks_per_step} tasks x {args.group_size} episodes, lr {args.lr}, "
-        f"{args.mini_batches}x{args.ppo_epochs} optimizer steps, temperature {args.temperature} | "
+        f"{args.mini_batches}x{args.ppo_epochs} optimizer steps, temperature {args.temperature}"
+        + (f", KL to the warm start x {args.kl_coef}" if args.kl_coef else "")
+        + (f", credit {' '.join(args.credit)}" if args.credit else "") + " | "
         f"{shape}",
         f"warm start: {100 * start_mean:.1f}% [{100 * start_low:.1f}, {100 * start_high:.1f}]",
-        f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "
+        f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs start':>9} {'95% interval':>18} "
+        f"{'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "
         f"{'step s':>7} {'rollout':>8} {'teacher':>8} {'update':>7} {'x GRPO':>7} {'peak GB':>7} {'in':<8}",
     ]
     grpo_step = figures["grpo_step"]
@@ -481,15 +489,19 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
             needed = entry["vs_grpo"]["runs_for_2_points"]
             diff, diff_ci = f"{100 * d:+.1f}", f"[{100 * d_low:+.1f}, {100 * d_high:+.1f}]"
             need = str(needed) if needed is not None else "?"
+        gain, (g_low, g_high) = entry["vs_start"]["difference"], entry["vs_start"]["interval"]
+        gain_ci = f"[{100 * g_low:+.1f}, {100 * g_high:+.1f}]"
         ratio = f"{phase['step'] / grpo_step:.2f}" if grpo_step else "-"
         peak = f"{entry['peak_gb']:.1f}" if entry["peak_gb"] is not None else "-"
         lines.append(f"{method:<10} {100 * entry['success']:>8.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} "
-                     f"{diff:>9} {diff_ci:>18} {need:>12} {phase['step']:>7.0f} {phase['rollout']:>8.0f} "
+                     f"{100 * gain:>+9.1f} {gain_ci:>18} {diff:>9} {diff_ci:>18} {need:>12} "
+                     f"{phase['step']:>7.0f} {phase['rollout']:>8.0f} "
                      f"{phase['teacher']:>8.0f} "
                      f"{phase['update']:>7.0f} {ratio:>7} {peak:>7} {entry['peak_phase'] or '-':<8}")
     lines.append(
         "After RL: held-out success at the last update, the mean over warm starts (each weighing the same) of the "
-        "mean over their seeds and games. Intervals, paired for the difference to GRPO: "
+        "mean over their seeds and games. vs start: the paired difference to the warm start on the same games. "
+        "Intervals, paired for the differences: "
         + ("a cluster t over the warm starts (t with W-1 degrees of freedom on the per-warm-start means: it holds "
            "warm-start, seed and game variance; with few warm starts it is wide). " if len(design) >= 2 else
            "a bootstrap over seeds and games: one warm start, so warm-start variance is NOT in the interval. ")
@@ -501,8 +513,10 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
            "(no warm-start variance; '?': one run shows no spread). ")
         + "Peak GB: the largest resident memory an update of the method "
           "reached, and in which phase of it (rollout; scoring: old log-probs and the teacher; update) "
-          "('-': runs from before it was logged). Step seconds: medians per update, each run on one thread, "
-          + ("as the runs ran." if args.table_only else f"{args.jobs} at a time."))
+          "('-': runs from before it was logged). Step seconds: medians per update, "
+          + ("as the runs ran." if args.table_only else
+             f"each run on {args.threads or max(1, (os.cpu_count() or 1) // args.jobs)} thread(s), "
+             f"{args.jobs} at a time."))
     return lines
 
 

@@ -190,3 +190,35 @@ def test_warm_only_trains_and_scores_the_warm_start_and_runs_no_rl(tmp_path):
     assert (out / "warm0" / "report.json").is_file() and (out / "warm0" / "model" / "config.json").is_file()
     assert not any((out / "warm0" / m).exists() for m in learning.DEFAULT_METHODS)
     assert not (out / "learning.txt").exists()
+
+
+def _fake_runs(monkeypatch, tmp_path, start, runs):
+    """An OUT with warm start 0 and GRPO seeds 0..len(runs)-1 finished, held-out outcomes as given."""
+    (tmp_path / "warm0").mkdir(parents=True)
+    (tmp_path / "warm0" / "report.json").write_text("{}")
+    outcomes = {str(tmp_path / "warm0"): start}
+    for seed, run in enumerate(runs):
+        run_dir = learning.rl_run_dir(tmp_path, 0, "grpo", seed)
+        run_dir.mkdir(parents=True)
+        (run_dir / "report.json").write_text('{"steps": 3}')
+        outcomes[str(run_dir)] = run
+    monkeypatch.setattr(learning, "final_outcomes", lambda path, step: outcomes[str(path)])
+    monkeypatch.setattr(learning, "read_jsonl", lambda path: [
+        {"kind": "train", "time/step_s": 10.0, "time/rollout_s": 5.0, "time/update_s": 4.0}])
+    args = learning.parse_args(["--out", str(tmp_path), "--bootstrap", "500"])
+    return learning.analyse(args, tmp_path, ["grpo"], {0: list(range(len(runs)))}, {})
+
+
+def test_the_gain_over_the_warm_start_is_paired_game_by_game(monkeypatch, tmp_path):
+    start = [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+    gained = _fake_runs(monkeypatch, tmp_path / "a", start, [[1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
+                                                             [1, 0, 1, 0, 0, 0, 0, 0, 0, 0]])["results"]["grpo"]
+    assert gained["vs_start"]["difference"] == pytest.approx(0.1)
+    assert gained["vs_start"]["per_run"] == pytest.approx([0.2, 0.0])
+    low, high = gained["vs_start"]["interval"]
+    assert low <= 0.1 <= high and high > low
+    # a run that wins exactly the warm start's games gains 0 with no spread: the pairing removes the
+    # games' own variance, which an unpaired interval (success after RL alone) still has
+    level = _fake_runs(monkeypatch, tmp_path / "b", start, [start, start])["results"]["grpo"]
+    assert level["vs_start"]["interval"] == [0.0, 0.0]
+    assert level["interval"][1] > level["interval"][0]
