@@ -21,15 +21,18 @@
    Greedy, one episode per game. Each warm start is evaluated on it once.
 3. For each warm start, method and seed (`--seeds S`), one RL run from that warm start: same tasks,
    seeds and budget for every method (`--steps` updates of T tasks x G episodes, full chat),
-   evaluated on the held-out panel after the last update only (no checkpoint is picked). `--jobs`
-   runs at once, each in its own process on CPUs // runs-at-once torch threads (a run alone uses every core;
-   the tiny model keeps one). More threads split matrix products differently: samples may differ at rounding.
+   evaluated on the held-out panel after the last update only (no checkpoint is picked). `--kl-coef`
+   adds a KL penalty to the warm start (the recipe's `kl_coef`), `--credit KEY=VALUE` a credit setting
+   (e.g. `invalid_coef=0`: no invalid-turn penalty). `--jobs` runs at once, each in its own process on
+   `--threads` or CPUs // runs-at-once torch threads (a run alone uses every core; the tiny model keeps
+   one). More threads split matrix products differently: samples may differ at rounding.
    Every run resumes from its checkpoint, and a finished run is never redone: stop the command at
    any point, or run it again with more seeds or warm starts, and only what is missing runs;
    `--table-only` prints the table of the finished runs without training.
 4. Figures: per method, held-out success (mean over warm starts, seeds and games) and its paired
-   difference to GRPO (same warm start, seed and games), each with a 95% interval from a
-   hierarchical bootstrap that resamples warm starts, seeds within them and games (every warm start
+   differences to its warm start (same games) and to GRPO (same warm start, seed and games), each with
+   a 95% interval (`mean_interval`: a cluster t over two or more warm starts; with one, a hierarchical
+   bootstrap that resamples seeds and games; every warm start
    weighs the same, whatever its number of finished seeds): the interval
    holds the run-to-run variance that decided rankings before, not game sampling alone (with one
    run per method it cannot, and the table says so). From the observed spread of the per-run
