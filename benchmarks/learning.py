@@ -590,7 +590,7 @@ def main(argv=None) -> int:
             "learning", "Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO?",
             f"```\n{table}\n```", command="python -m benchmarks.learning " + " ".join(sys.argv[1:]),
             threads=args.threads or (os.cpu_count() or 1) // max(1, args.jobs),
-            load=[round(load_before, 2), round(load_after, 2)],
+            load=None if args.table_only else [round(load_before, 2), round(load_after, 2)],  # a read-back
             plots=("learning.png",))
         print(f"wrote {page}")
     return 0
