@@ -407,6 +407,11 @@ def run_rl(args, out: Path, methods: Sequence[str], common: dict) -> dict:
     return run_jobs(todo, args.jobs, args.progress, threads=args.threads)
 
 
+def threads_per_run(args: argparse.Namespace) -> int:
+    """The torch threads each run of a full round of `--jobs` runs gets: `--threads`, else the CPUs' share."""
+    return args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+
+
 def rl_run_dir(out: Path, warm: int, method: str, seed: int) -> Path:
     return out / f"warm{warm}" / method / f"seed{seed}"
 
@@ -518,7 +523,7 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
           "reached, and in which phase of it (rollout; scoring: old log-probs and the teacher; update) "
           "('-': runs from before it was logged). Step seconds: medians per update, "
           + ("as the runs ran." if args.table_only else
-             f"each run on {args.threads or max(1, (os.cpu_count() or 1) // args.jobs)} thread(s), "
+             f"each run on {threads_per_run(args)} thread(s), "
              f"{args.jobs} at a time."))
     return lines
 
@@ -589,7 +594,7 @@ def main(argv=None) -> int:
         page = write_results_page(
             "learning", "Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO?",
             f"```\n{table}\n```", command="python -m benchmarks.learning " + " ".join(sys.argv[1:]),
-            threads=args.threads or (os.cpu_count() or 1) // max(1, args.jobs),
+            threads=threads_per_run(args),
             load=None if args.table_only else [round(load_before, 2), round(load_after, 2)],  # a read-back
             plots=("learning.png",))
         print(f"wrote {page}")
