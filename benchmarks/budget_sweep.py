@@ -47,8 +47,8 @@ from benchmarks.common import (REPO, add_page_argument, benchmark_command, git_c
 from benchmarks.learnability import DEFAULT_WARM
 
 # The base setting is learnability's measured run (runs/learnability: lr 5e-5, 2 x 2 optimizer steps, groups
-# of 8, ALFWorld's invalid-turn penalty 0.1); every other setting changes one thing.
-BASE = {"lr": 5e-5, "mini_batches": 2, "ppo_epochs": 2, "group_size": 8, "invalid_coef": 0.1}
+# of 8, ALFWorld's invalid-turn penalty 0.1, no KL penalty); every other setting changes one thing.
+BASE = {"lr": 5e-5, "mini_batches": 2, "ppo_epochs": 2, "group_size": 8, "invalid_coef": 0.1, "kl_coef": 0.0}
 SETTINGS: dict[str, tuple[str, dict]] = {
     "base": ("lr 5e-5, 2 mini-batches x 2 epochs, groups of 8, invalid-turn penalty 0.1", {}),
     "lr-1e-5": ("lr 1e-5 (learning.py's rate before this sweep)", {"lr": 1e-5}),
@@ -100,8 +100,8 @@ def learnability_argv(args, name: str) -> list[str]:
     return ["--warm", str(Path(args.warm).resolve()), "--games", str(args.games),
             "--group-size", str(values["group_size"]), "--steps", str(args.steps), "--lr", str(values["lr"]),
             "--mini-batches", str(values["mini_batches"]), "--ppo-epochs", str(values["ppo_epochs"]),
-            "--invalid-coef", str(values["invalid_coef"]), "--temperature", str(args.temperature),
-            "--seed", str(args.seed), "--threads", str(args.threads),
+            "--invalid-coef", str(values["invalid_coef"]), "--kl-coef", str(values["kl_coef"]),
+            "--temperature", str(args.temperature), "--seed", str(args.seed), "--threads", str(args.threads),
             "--out", str((Path(args.out) / name).resolve()), "--no-progress"]
 
 
@@ -115,7 +115,8 @@ def finished(args, name: str) -> dict | None:
     same = (ran["steps"] == args.steps and ran["games"] == args.games and ran["seed"] == args.seed
             and ran["temperature"] == args.temperature and ran["group_size"] == values["group_size"]
             and ran["lr"] == values["lr"] and ran["mini_batches"] == values["mini_batches"]
-            and ran["ppo_epochs"] == values["ppo_epochs"] and ran["invalid_coef"] == values["invalid_coef"])
+            and ran["ppo_epochs"] == values["ppo_epochs"] and ran["invalid_coef"] == values["invalid_coef"]
+            and ran.get("kl_coef", 0.0) == values["kl_coef"])  # runs from before the flag had no KL penalty
     return result if same else None
 
 

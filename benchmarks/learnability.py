@@ -13,16 +13,17 @@ success at all, on the very games it trains on? A run that cannot do that cannot
 2. The games: `--games` G games of its training panel (ALFWorld Pick, small rooms, `trainer.recipes.PICK_REAL`),
    drawn with `--seed`, the same G games in every update (`TrainConfig.train_seeds`).
 3. GRPO from the warm start: `--steps` updates of G games x `--group-size` episodes at `--temperature`, at
-   `--lr` (constant), `--mini-batches` x `--ppo-epochs` optimizer steps per update (defaults: `PICK_REAL`'s,
-   the learning benchmark's), the invalid-action
-   penalty `--invalid-coef` (the family's default otherwise), on `--threads` torch threads (all of them:
+   `--lr` (constant), `--mini-batches` x `--ppo-epochs` optimizer steps per update, the KL penalty to the
+   warm start `--kl-coef` and the invalid-turn penalty `--invalid-coef` (defaults: `PICK_REAL`'s, the
+   learning benchmark's), on `--threads` torch threads (all of them:
    the run is alone). Resumes from its checkpoint: run it again to continue.
 4. Before and after, paired: the warm start's sampled success on those games is its first update's rollout;
    after the last update the trained policy plays that rollout again (same games, episode ids and sampling
    seed). The difference with a 95% interval from a bootstrap over games (a game's episodes go together)
    and an exact McNemar test over the episodes whose outcome changed.
-5. Per update: train success (the learning curve), KL(old || new) against `kl_floor` (the same policy's
-   log-probs through the two code paths the update compares: what rounding alone shows), clip fraction,
+5. Per update: train success (the learning curve), KL to the warm start, KL(old || new) against
+   `kl_floor` (the same policy's log-probs through the two code paths the update compares: what rounding
+   alone shows), clip fraction,
    gradient norm, phase seconds. Writes OUT/learnability.txt, .json and .png.
 """
 
@@ -62,7 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ppo-epochs", type=int, default=PICK_REAL.ppo_epochs)
     ap.add_argument("--temperature", type=float, default=PICK_REAL.temperature,
                     help="sampling temperature of the rollouts (and of the log-probs the update compares)")
-    ap.add_argument("--invalid-coef", type=float, help="invalid-turn penalty (default: the env family's)")
+    ap.add_argument("--kl-coef", type=float, default=PICK_REAL.kl_coef,
+                    help="weight of the KL penalty to the warm start (default: the recipe's)")
+    ap.add_argument("--invalid-coef", type=float, default=PICK_REAL.invalid_coef,
+                    help="invalid-turn penalty (default: the recipe's; `PICK_REAL` has none)")
     ap.add_argument("--seed", type=int, default=0, help="picks the games and seeds the run")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--quick", action="store_true", help="2 games x 4 episodes, 2 updates")
@@ -76,6 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.out = "runs/learnability-quick"
     if not 0 < args.temperature <= 2:
         ap.error(f"--temperature must be in (0, 2], got {args.temperature}")
+    for name in ("kl_coef", "invalid_coef"):
+        value = getattr(args, name)
+        if value is not None and not value >= 0:
+            ap.error(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     for name in ("games", "group_size", "steps", "mini_batches", "ppo_epochs", "threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -96,7 +104,7 @@ def run_config(args, games: list[int]) -> TrainConfig:
     return TrainConfig(
         env_id=PICK_ENV, out=str(Path(args.out) / "run"), method="grpo", model=str(args.warm),
         env_options=recipe.env_options(panel), steps=args.steps, tasks_per_step=len(games),
-        group_size=args.group_size, train_seeds=games, temperature=args.temperature, lr=args.lr,
+        group_size=args.group_size, train_seeds=games, temperature=args.temperature, lr=args.lr, kl_coef=args.kl_coef,
         lr_schedule="constant",
         mini_batches=args.mini_batches, ppo_epochs=args.ppo_epochs, max_new_tokens=recipe.max_new_tokens,
         train_layers=recipe.train_layers, autocast=recipe.autocast, eval_episodes=0, eval_before=False,
@@ -149,15 +157,18 @@ def format_table(args, games: list[int], updates: list[dict], change: dict, seco
                  load: tuple[float, float]) -> str:
     lines = [f"learnability: GRPO on {len(games)} fixed training games x {args.group_size} episodes, {args.steps} "
              f"updates, temperature {args.temperature}, lr {args.lr}, {args.mini_batches} mini-batches x "
-             f"{args.ppo_epochs} epochs, from {args.warm} | "
+             f"{args.ppo_epochs} epochs, KL to the warm start x {args.kl_coef}, invalid-turn penalty "
+             f"{'the family default' if args.invalid_coef is None else args.invalid_coef}, from {args.warm} | "
              f"games {games} | commit {git_commit()}, {args.threads} threads, load {load[0]:.1f} -> {load[1]:.1f}, "
              f"{seconds / 60:.1f} min",
-             f"{'update':>6} {'success':>8} {'reward':>7} {'invalid':>8} {'KL old-new':>11} {'KL floor':>9} "
+             f"{'update':>6} {'success':>8} {'reward':>7} {'invalid':>8} {'KL start':>9} {'KL old-new':>11} "
+             f"{'KL floor':>9} "
              f"{'clip':>6} {'grad':>6} {'step s':>7} {'rollout s':>9}"]
     for r in updates:
         floor = r.get("kl_floor", float("nan"))
         lines.append(f"{r['step']:>6} {100 * r['train/success']:>7.1f}% {r['train/reward']:>7.3f} "
-                     f"{100 * r['train/invalid_rate']:>7.1f}% {r['kl_old_new']:>11.2e} {floor:>9.1e} "
+                     f"{100 * r['train/invalid_rate']:>7.1f}% {r.get('kl_ref', float('nan')):>9.2e} "
+                     f"{r['kl_old_new']:>11.2e} {floor:>9.1e} "
                      f"{r['clip_frac']:>6.3f} {r['grad_norm']:>6.2f} {r['time/step_s']:>7.0f} "
                      f"{r['time/rollout_s']:>9.0f}")
     lines.append(f"sampled success on the {len(games)} games ({change['episodes']} episodes, same draws): before "
@@ -171,15 +182,17 @@ def format_table(args, games: list[int], updates: list[dict], change: dict, seco
 def page_body(args, games: list[int], updates: list[dict], change: dict, seconds: float) -> str:
     """The results page's figures: the settings, the paired before/after change, the per-update table."""
     rows = [[r["step"], f"{100 * r['train/success']:.1f}%", f"{r['train/reward']:.3f}",
-             f"{100 * r['train/invalid_rate']:.1f}%", f"{r['kl_old_new']:.2e}",
+             f"{100 * r['train/invalid_rate']:.1f}%", f"{r.get('kl_ref', float('nan')):.2e}", f"{r['kl_old_new']:.2e}",
              f"{r.get('kl_floor', float('nan')):.1e}",
              f"{r['clip_frac']:.3f}", f"{r['grad_norm']:.2f}", f"{r['time/step_s']:.0f}"] for r in updates]
-    table = markdown_table(["update", "train success", "reward", "invalid turns", "KL old->new", "KL floor",
+    table = markdown_table(["update", "train success", "reward", "invalid turns", "KL to start", "KL old->new",
+                            "KL floor",
                             "clip fraction", "grad norm", "step s"], rows)
     return (f"GRPO from `{args.warm}` on {len(games)} fixed training games of ALFWorld Pick (reset seeds "
             f"{games}) x {args.group_size} episodes per update at temperature {args.temperature}, "
             f"{args.steps} updates, lr {args.lr}, "
-            f"{args.mini_batches} mini-batch(es) x {args.ppo_epochs} epoch(s), invalid-turn penalty "
+            f"{args.mini_batches} mini-batch(es) x {args.ppo_epochs} epoch(s), KL penalty to the warm start x "
+            f"{args.kl_coef}, invalid-turn penalty "
             f"{'the family default' if args.invalid_coef is None else args.invalid_coef}; "
             f"{seconds / 60:.1f} min.\n\n"
             f"**Sampled success on those games, before -> after** (the first update's rollout, then the trained "
@@ -188,7 +201,8 @@ def page_body(args, games: list[int], updates: list[dict], change: dict, seconds
             f"{100 * change['difference']:+.1f} points [{100 * change['interval'][0]:+.1f}, "
             f"{100 * change['interval'][1]:+.1f}] (95%, bootstrap over games); {change['gained']} episodes won that "
             f"were lost, {change['lost']} lost that were won (exact McNemar p = {change['mcnemar_p']:.3g}).\n\n"
-            f"{table}\n\nKL old->new: the mean per-token KL between the rollout's log-probs and the updated "
+            f"{table}\n\nKL to start: the mean per-token KL (k3) of the policy to the warm start; "
+            "KL old->new: the mean per-token KL between the rollout's log-probs and the updated "
             "policy's; KL floor: the same policy's log-probs through the update's two code paths before any "
             "step (rounding alone): a KL near its floor means the update did not move the policy.")
 

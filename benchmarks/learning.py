@@ -22,10 +22,12 @@
 3. For each warm start, method and seed (`--seeds S`), one RL run from that warm start: same tasks,
    seeds and budget for every method (`--steps` updates of T tasks x G episodes, full chat),
    evaluated on the held-out panel after the last update only (no checkpoint is picked). `--kl-coef`
-   adds a KL penalty to the warm start (the recipe's `kl_coef`), `--credit KEY=VALUE` a credit setting
-   (e.g. `invalid_coef=0`: no invalid-turn penalty). `--jobs` runs at once, each in its own process on
-   `--threads` or CPUs // runs-at-once torch threads (a run alone uses every core; the tiny model keeps
-   one). More threads split matrix products differently: samples may differ at rounding.
+   weighs a KL penalty to the warm start and `--invalid-coef` the penalty per invalid turn (the recipe's
+   `kl_coef`, 0.1, and `invalid_coef`, 0, for the real model; `--invalid-coef 0.1` is the ALFWorld
+   family's default), `--credit KEY=VALUE` any other credit setting for every method. `--jobs` runs at
+   once, each in its own process on `--threads` or CPUs // runs-at-once torch threads (a run alone uses
+   every core; the tiny model keeps one). More threads split matrix products differently: samples may
+   differ at rounding.
    Every run resumes from its checkpoint, and a finished run is never redone: stop the command at
    any point, or run it again with more seeds or warm starts, and only what is missing runs;
    `--table-only` prints the table of the finished runs without training.
@@ -59,7 +61,7 @@ import agentgym_opsd
 from agentgym_opsd.episode import load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl
 from agentgym_opsd.summary import wilson_interval as wilson
-from agentgym_opsd.usage import parse_options
+from agentgym_opsd.usage import UsageError, parse_options
 from benchmarks.common import PAGES, add_page_argument, write_results_page
 from benchmarks.held_out_games import twin_free_seeds
 from trainer.config import TrainConfig
@@ -93,7 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                        ("sft-epochs", int), ("sft-lr", float), ("sft-noise", float), ("train-layers", int),
                        ("steps", int), ("tasks-per-step", int), ("group-size", int), ("lr", float),
                        ("mini-batches", int), ("ppo-epochs", int), ("temperature", float), ("max-new-tokens", int),
-                       ("kl-coef", float)):
+                       ("kl-coef", float), ("invalid-coef", float)):
         ap.add_argument(f"--{name}", type=kind, help="default: the model kind's recipe (trainer/recipes.py)")
     ap.add_argument("--autocast", choices=("none", "bf16", "auto"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -127,6 +129,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("seeds", "warm_starts"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    # the invalid-turn penalty is a recipe field (`--invalid-coef`); `--credit invalid_coef=X` is the same setting
+    try:
+        credit = parse_options(args.credit)
+    except UsageError as exc:
+        ap.error(str(exc).replace("--option", "--credit"))
+    if "invalid_coef" in credit:
+        if args.invalid_coef is not None:
+            ap.error("--invalid-coef and --credit invalid_coef=... set the same penalty: give one")
+        args.invalid_coef = credit.pop("invalid_coef")
+        args.credit = [pair for pair in args.credit if "invalid_coef" not in parse_options([pair])]
     tiny = args.model == "tiny"
     recipe = (PICK_TINY_QUICK if args.quick else PICK_TINY) if tiny else (PICK_REAL_QUICK if args.quick else PICK_REAL)
     for name, value in recipe.fields().items():
@@ -140,6 +152,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--temperature must be in (0, 2], got {args.temperature}")
     if not args.kl_coef >= 0:
         ap.error(f"--kl-coef must be >= 0, got {args.kl_coef}")
+    if args.invalid_coef is not None and not (isinstance(args.invalid_coef, (int, float)) and args.invalid_coef >= 0):
+        ap.error(f"--invalid-coef must be a number >= 0, got {args.invalid_coef}")
     if not tiny:
         if not is_named_model(args.model) and not (Path(args.model) / "config.json").is_file():
             ap.error(f"--model {args.model}: not a named model (smollm2-135m) nor a model folder (no config.json)")
@@ -392,6 +406,8 @@ def run_rl(args, out: Path, methods: Sequence[str], common: dict) -> dict:
     invocation leaves whole seeds; returns wall seconds per run."""
     todo = {}
     credit = parse_options(args.credit)
+    if args.invalid_coef is not None:
+        credit["invalid_coef"] = args.invalid_coef
     for seed in ([] if args.table_only else range(args.seeds)):
         for w in range(args.warm_starts):
             for method in methods:
@@ -480,6 +496,7 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
         f"RL: {args.steps} updates x {args.tasks_per_step} tasks x {args.group_size} episodes, lr {args.lr}, "
         f"{args.mini_batches}x{args.ppo_epochs} optimizer steps, temperature {args.temperature}"
         + (f", KL to the warm start x {args.kl_coef}" if args.kl_coef else "")
+        + (f", invalid-turn penalty {args.invalid_coef}" if args.invalid_coef is not None else "")
         + (f", credit {' '.join(args.credit)}" if args.credit else "") + " | "
         f"{shape}",
         f"warm start: {100 * start_mean:.1f}% [{100 * start_low:.1f}, {100 * start_high:.1f}]",

@@ -8,9 +8,12 @@ expert's own turns are imitated), then train it further with RL from that start.
 - `PICK_REAL`: the real model (SmolLM2-135M-Instruct, `smollm2-135m`): the searching expert (it looks
   for the object receptacle by receptacle, as a policy must), 1,000 training games, 15 turns, the top
   8 layers trained in bf16 autocast where the CPU has bf16 units (benchmarks/train_speed.py measured
-  the choice); warm start at lr 1e-4; RL at lr 5e-5, one optimizer step per update, rollouts at
-  temperature 0.5, groups of 8 (benchmarks/budget_sweep.py measured the choice); held out: 50
-  valid_unseen games (floor plans the training never saw).
+  the choice); warm start at lr 1e-4; RL at lr 2e-5, one optimizer step per update, rollouts at
+  temperature 0.5, groups of 8 (benchmarks/budget_sweep.py measured the choice), a KL penalty to the
+  warm start (0.1) and no invalid-turn penalty (docs/benchmarks/learning.md: with the penalty, groups
+  without a win push the policy away from taking and moving, and held-out success falls below the warm
+  start; without it GRPO rises above it); held out: 50 valid_unseen games (floor plans the training never
+  saw).
 - `PICK_TINY`: the tiny Qwen3 (`TINY_QWEN3`): the planner expert, 200 training games, 12 turns, every
   weight; warm start at lr 3e-3, RL at 1e-3 decaying linearly; held out: valid_seen games (those
   without a training twin, benchmarks/held_out_games.py).
@@ -50,9 +53,10 @@ class PickRecipe:
         object is (False).
     sft_episodes, sft_epochs, sft_lr, sft_noise: the warm start. train_layers: the top layers trained
         (0: every weight). autocast: `TrainConfig.autocast`. max_new_tokens: the per-turn token cap.
-    steps, tasks_per_step, group_size, lr, lr_schedule, mini_batches, ppo_epochs, temperature, kl_coef: RL
-        from the warm start (temperature: the rollouts' sampling temperature; kl_coef: the weight of the
-        KL penalty to the warm start, 0 for none).
+    steps, tasks_per_step, group_size, lr, lr_schedule, mini_batches, ppo_epochs, temperature, kl_coef,
+        invalid_coef: RL from the warm start (temperature: the rollouts' sampling temperature; kl_coef: the
+        weight of the KL penalty to the warm start, 0 for none; invalid_coef: the credit's penalty per
+        invalid turn, `CreditConfig.invalid_coef`, None for the env family's default).
     """
 
     train_games: int
@@ -76,6 +80,7 @@ class PickRecipe:
     ppo_epochs: int = 1
     temperature: float = 1.0
     kl_coef: float = 0.0
+    invalid_coef: float | None = None
 
     def fields(self) -> dict[str, Any]:
         """The recipe as a dict, in field order."""
@@ -91,13 +96,13 @@ class PickRecipe:
 # The real model's RL budget: a GRPO run from a finished warm start (12 updates of 4 games x 8 episodes)
 # is meant to fit in 90 minutes on two cores; the update settings are budget_sweep's pick
 # (docs/benchmarks/budget_sweep.md: at temperature 1 a group rarely holds a success to learn from; more
-# optimizer steps or a higher rate collapse success in the first update); docs/benchmarks/learning.md has
-# the times measured.
+# optimizer steps or a higher rate collapse success in the first update); rate, KL and invalid-turn penalty
+# are the held-out sweep's pick (docs/benchmarks/learning.md, which also has the times measured).
 PICK_REAL = PickRecipe(
     train_games=1000, eval_split="valid_unseen", eval_games=50, max_turns=15, expert_searches=True,
     sft_episodes=400, sft_epochs=2, sft_lr=1e-4, sft_noise=SFT_NOISE, train_layers=8, autocast="auto",
-    steps=12, tasks_per_step=4, group_size=8, lr=5e-5, lr_schedule="constant", mini_batches=1, max_new_tokens=32,
-    ppo_epochs=1, temperature=0.5,
+    steps=12, tasks_per_step=4, group_size=8, lr=2e-5, lr_schedule="constant", mini_batches=1, max_new_tokens=32,
+    ppo_epochs=1, temperature=0.5, kl_coef=0.1, invalid_coef=0.0,
 )
 PICK_REAL_QUICK = dataclasses.replace(PICK_REAL, eval_games=10, sft_episodes=40, sft_epochs=1, steps=1,
                                       tasks_per_step=2, group_size=4)

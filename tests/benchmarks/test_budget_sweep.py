@@ -36,6 +36,7 @@ def test_each_setting_is_a_learnability_run_that_changes_one_thing_from_base(tmp
         assert changed == set(budget_sweep.SETTINGS[name][1]), name  # exactly the setting's own change
         assert ran["out"].endswith(name) and ran["steps"] == 2 and ran["threads"] == 1 and ran["games"] == 4
     assert base["lr"] == 5e-5 and base["invalid_coef"] == 0.1 and (base["mini_batches"], base["ppo_epochs"]) == (2, 2)
+    assert base["kl_coef"] == 0.0  # measured before the recipe's KL penalty: its page stays true
 
 
 def write_run(args, name: str, steps: int, kls: list[float]) -> None:

@@ -23,7 +23,8 @@ def test_the_update_settings_default_to_the_learning_benchmarks_recipe(tmp_path)
     command must run that budget, not a second set of numbers."""
     (tmp_path / "config.json").write_text("{}")
     args = learnability.parse_args(["--warm", str(tmp_path)])
-    ran = {name: getattr(args, name) for name in ("lr", "mini_batches", "ppo_epochs", "temperature", "group_size")}
+    ran = {name: getattr(args, name) for name in ("lr", "mini_batches", "ppo_epochs", "temperature", "group_size",
+                                                  "kl_coef", "invalid_coef")}
     assert ran == {name: getattr(PICK_REAL, name) for name in ran}
 
 

@@ -23,10 +23,15 @@ def test_bad_counts_are_usage_errors(usage_errors):
                               (["--temperature", "0"], "--temperature must be in (0, 2]"),
                               (["--kl-coef", "-0.1"], "--kl-coef must be >= 0"),
                               (["--kl-coef", "nan"], "--kl-coef must be >= 0"),
-                              (["--threads", "0"], "--threads must be >= 1")))
+                              (["--threads", "0"], "--threads must be >= 1"),
+                              (["--invalid-coef", "-1"], "--invalid-coef must be a number >= 0"),
+                              (["--credit", "invalid_coef=many"], "--invalid-coef must be a number >= 0"),
+                              (["--credit", "lam_mix"], "--credit 'lam_mix': write it as KEY=VALUE"),
+                              (["--invalid-coef", "0", "--credit", "invalid_coef=0.1"], "set the same penalty")))
 
 
-def test_kl_coef_and_threads_reach_every_rl_run(monkeypatch, tmp_path):
+def rl_fields(monkeypatch, tmp_path, argv: list[str]) -> tuple[list[dict], int | None]:
+    """The fields of every RL run (GRPO and GiGPO) that `argv` would start, and their threads."""
     seen = {}
 
     def capture(todo, jobs, progress, run=None, threads=None):
@@ -34,11 +39,29 @@ def test_kl_coef_and_threads_reach_every_rl_run(monkeypatch, tmp_path):
         return {}
 
     monkeypatch.setattr(learning, "run_jobs", capture)
-    args = learning.parse_args(["--kl-coef", "0.05", "--threads", "1", "--out", str(tmp_path)])
-    learning.run_rl(args, tmp_path, ["grpo", "gigpo"], {})
-    assert {fields["kl_coef"] for fields in seen["todo"].values()} == {0.05}
-    assert seen["threads"] == 1 and len(seen["todo"]) == 2
-    assert learning.parse_args([]).kl_coef == 0.0  # the recipe's default: no penalty
+    learning.run_rl(learning.parse_args([*argv, "--out", str(tmp_path)]), tmp_path, ["grpo", "gigpo"], {})
+    return list(seen["todo"].values()), seen["threads"]
+
+
+def test_kl_coef_and_threads_reach_every_rl_run(monkeypatch, tmp_path):
+    runs, threads = rl_fields(monkeypatch, tmp_path, ["--kl-coef", "0.05", "--threads", "1"])
+    assert {fields["kl_coef"] for fields in runs} == {0.05}
+    assert threads == 1 and len(runs) == 2
+    bare, _ = rl_fields(monkeypatch, tmp_path, [])
+    assert {fields["kl_coef"] for fields in bare} == {learning.PICK_REAL.kl_coef}
+
+
+def test_the_invalid_turn_penalty_is_the_recipes_unless_a_flag_says_otherwise(monkeypatch, tmp_path):
+    """The real recipe trains without the penalty; `--invalid-coef` and `--credit invalid_coef=` are one setting,
+    and a tiny run keeps the family's default (no override at all)."""
+    penalties = {}
+    for name, argv in (("bare", []), ("flag", ["--invalid-coef", "0.1"]), ("credit", ["--credit", "invalid_coef=0.2"]),
+                       ("tiny", ["--model", "tiny"])):
+        runs, _ = rl_fields(monkeypatch, tmp_path, [*argv, "--credit", "lam_mix=0.3"])
+        assert all(fields["credit"]["lam_mix"] == 0.3 for fields in runs)  # other settings pass through
+        penalties[name] = {fields["credit"].get("invalid_coef", "family default") for fields in runs}
+    assert penalties == {"bare": {learning.PICK_REAL.invalid_coef}, "flag": {0.1}, "credit": {0.2},
+                         "tiny": {"family default"}}
 
 
 def test_each_model_kind_gets_its_own_defaults_and_flags_override_them():
