@@ -68,7 +68,7 @@ from trainer.config import TrainConfig
 from trainer.credit.config import METHODS
 from trainer.local import LocalTrainer
 from trainer.models import is_named_model
-from trainer.plots import plot_comparison
+from trainer.plots import plot_paired_runs
 from trainer.recipes import (
     PICK_ENV,
     PICK_REAL,
@@ -601,10 +601,13 @@ def main(argv=None) -> int:
         "warm_start": {"success": start_mean, "interval": [start_low, start_high],
                        "per_warm_start": [float(np.mean(figures["starts"][w])) for w in design]},
         "results": figures["results"], "wall_seconds": wall, "load": [load_before, load_after]})
-    first = next(iter(design))  # the curves of one finished run per method (warm0/seed0 may not be one)
     what = "tiny Qwen3" if args.model == "tiny" else args.model
-    plot_comparison({m: rl_run_dir(out, first, m, design[first][0]) for m in methods}, out / "learning.png",
-                    title=f"held-out success, {args.env.split('/')[-1]}, {what}\n(warm start {100 * start_mean:.1f}%)")
+    groups = [f"warm start {w}" for w in design]
+    plot_paired_runs({g: float(np.mean(figures["starts"][w])) for g, w in zip(groups, design, strict=True)},
+                     {m: dict(zip(groups, figures["results"][m]["per_run"], strict=True)) for m in methods},
+                     out / "learning.png",
+                     title=f"held-out success after RL, {args.env.split('/')[-1]}, {what}\n"
+                           f"(each dot a seed's run; bar: its warm start)")
     print(f"wrote {out / 'learning.txt'}, {out / 'learning.json'} and {out / 'learning.png'}")
     if args.page:
         atomic_write_bytes(PAGES / "learning.png", (out / "learning.png").read_bytes())

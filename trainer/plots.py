@@ -4,8 +4,8 @@ The one training-curve plotter of the project: `curves_png(runs, metrics)` draws
 metric and one line per run against the update. `plot_run(OUT)` writes OUT/curves/success.png
 (held-out success per subset and training success), reward.png, kl.png (KL to the initial policy,
 KL old -> new, clip fraction, entropy) and credit.png (every `credit/*` diagnostic the credit core
-logged). `plot_comparison` draws the held-out success of several runs on one figure
-(benchmarks/learning.py); the report's training section draws its methods with `curves_png`.
+logged). `plot_paired_runs` draws runs beside their reference per group (benchmarks/learning.py:
+every run's held-out success beside its warm start); the report's training section draws its methods with `curves_png`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from agentgym_opsd.io import atomic_write_bytes, read_jsonl_numbered
 
-__all__ = ["curves_png", "plot_run", "plot_comparison", "read_metrics"]
+__all__ = ["curves_png", "plot_run", "plot_paired_runs", "read_metrics"]
 
 # Runs that log the same values must not hide one another: each has its own marker, size and line
 # style, the first drawn largest and hollow.
@@ -167,9 +167,44 @@ def plot_run(out: str | Path) -> list[Path]:
     return written
 
 
-def plot_comparison(runs: dict[str, str | Path], path: str | Path, title: str = "held-out success") -> Path:
-    """Held-out success against updates, one line per run (label -> run directory)."""
-    records = {label: read_metrics(out) for label, out in runs.items()}
-    png = curves_png(records, ["eval/success"], kind="eval", titles={"eval/success": "success rate"}, title=title)
-    atomic_write_bytes(Path(path), png)
+def plot_paired_runs(reference: dict[str, float], runs: dict[str, dict[str, Sequence[float]]], path: str | Path,
+                     title: str = "held-out success", reference_label: str = "warm start") -> Path:
+    """One x position per group (a warm start): its `reference` value as a black bar, every run of each
+    method (label -> group -> one value per run, e.g. per seed) as a dot beside it, the method's mean over
+    the group's runs as a short line. Raises ValueError for a group that has no reference value."""
+    unknown = sorted({g for per_group in runs.values() for g in per_group} - set(reference))
+    if unknown:
+        raise ValueError(f"plot_paired_runs: group(s) {unknown} have no {reference_label} value; "
+                         f"give one in `reference` ({sorted(reference)})")
+    fig, (ax,) = _figure(1, title)
+    groups = list(reference)
+    fig.set_size_inches(max(6.0, 1.6 * len(groups) + 1.5), 3.6)  # room for the title and every group's name
+    width = 0.8 / (len(runs) + 1)
+    for x, group in enumerate(groups):
+        left = x - 0.4 + width / 2
+        ax.hlines(reference[group], left - width / 2, left + width / 2, colors="black", linewidth=2.5,
+                  label=reference_label if x == 0 else None)
+    for number, (label, per_group) in enumerate(runs.items()):
+        marker, size, _ = _STYLES[number % len(_STYLES)]
+        color = f"C{number}"
+        for x, group in enumerate(groups):
+            values = list(per_group.get(group, []))
+            if not values:
+                continue
+            centre = x - 0.4 + width * (number + 1.5)
+            spread = [centre + width * 0.5 * (k / max(1, len(values) - 1) - 0.5) for k in range(len(values))]
+            ax.plot(spread, values, linestyle="none", marker=marker, markersize=max(size, 5), color=color,
+                    label=label)
+            ax.hlines(sum(values) / len(values), centre - width / 2, centre + width / 2, colors=color, linewidth=1)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    top = max([*reference.values(), *(v for per_group in runs.values() for vs in per_group.values() for v in vs)],
+              default=0.0)
+    ax.set_ylim(-0.02, min(1.02, max(0.1, 1.25 * top)))
+    ax.set_ylabel("success rate")
+    ax.spines[["top", "right"]].set_visible(False)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))  # one entry per method, not per group
+    ax.legend(unique.values(), unique.keys(), fontsize=7)
+    atomic_write_bytes(Path(path), _png(fig))
     return Path(path)
