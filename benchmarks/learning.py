@@ -382,6 +382,26 @@ def sft_seed(warm: int, episodes: int) -> int:
     return 1_000_000 + 100_000 * warm + warm * episodes
 
 
+def shared_sft_games(warm_starts: int, episodes: int, games: int) -> list[tuple[int, int, int]]:
+    """(warm start a, warm start b, games both imitate) for each pair of warm starts whose SFT games overlap:
+    warm start w plays games (w x episodes + i) mod `games` (`sft_seed`), so they overlap once W x episodes
+    passes the panel."""
+    played = [{(w * episodes + i) % games for i in range(episodes)} for w in range(warm_starts)]
+    return [(a, b, len(played[a] & played[b])) for a in range(warm_starts) for b in range(a + 1, warm_starts)
+            if played[a] & played[b]]
+
+
+def shared_sft_note(warm_starts: int, episodes: int, games: int) -> str | None:
+    """One line naming the warm starts that imitate the same games, and the fix; None when none do."""
+    shared = shared_sft_games(warm_starts, episodes, games)
+    if not shared:
+        return None
+    pairs = ", ".join(f"{a} and {b} share {n}" for a, b, n in shared)
+    return (f"note: warm starts {pairs} of their {episodes} SFT games ({warm_starts} x {episodes} > {games} training "
+            f"games); for warm starts on different games use --train-games >= {warm_starts * episodes} or "
+            f"--sft-episodes <= {games // warm_starts}")
+
+
 def run_warm_starts(args, out: Path, common: dict) -> tuple[dict, dict[int, list[int]]]:
     """Train and evaluate the warm starts not done yet; (wall seconds per job, held-out outcomes per warm start)."""
     model_fields = ({**TINY_QWEN3, "vocab_size": args.vocab_size, "tiny_hidden": args.tiny_hidden,
@@ -499,6 +519,7 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
         + (f", invalid-turn penalty {args.invalid_coef}" if args.invalid_coef is not None else "")
         + (f", credit {' '.join(args.credit)}" if args.credit else "") + " | "
         f"{shape}",
+        *filter(None, [shared_sft_note(max(design) + 1, args.sft_episodes, args.train_games)]),
         f"warm start: {100 * start_mean:.1f}% [{100 * start_low:.1f}, {100 * start_high:.1f}]",
         f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs start':>9} {'95% interval':>18} "
         f"{'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "
@@ -565,6 +586,8 @@ def main(argv=None) -> int:
     common = shared_fields(args, env_options, eval_options, seeds)
 
     # 1. the warm starts, each evaluated once on the held-out panel
+    if note := shared_sft_note(args.warm_starts, args.sft_episodes, args.train_games):
+        print(note, flush=True)
     warm_seconds, starts = run_warm_starts(args, out, common)
     for w, outcomes in starts.items():
         low, high = wilson(sum(outcomes), len(outcomes))

@@ -245,3 +245,14 @@ def test_the_gain_over_the_warm_start_is_paired_game_by_game(monkeypatch, tmp_pa
     level = _fake_runs(monkeypatch, tmp_path / "b", start, [start, start])["results"]["grpo"]
     assert level["vs_start"]["interval"] == [0.0, 0.0]
     assert level["interval"][1] > level["interval"][0]
+
+
+def test_warm_starts_that_wrap_past_the_panel_are_named_with_the_fix():
+    # 400 SFT games each on a 1,000-game panel: warm starts 0 and 1 are disjoint, warm start 2 wraps onto 0
+    assert learning.shared_sft_games(2, 400, 1000) == []
+    assert learning.shared_sft_games(3, 400, 1000) == [(0, 2, 200)]
+    assert learning.shared_sft_games(3, 333, 1000) == []
+    assert learning.shared_sft_games(4, 400, 1000) == [(0, 2, 200), (0, 3, 200), (1, 3, 200)]
+    note = learning.shared_sft_note(3, 400, 1000)
+    assert "0 and 2 share 200" in note and "--train-games >= 1200" in note and "--sft-episodes <= 333" in note
+    assert learning.shared_sft_note(2, 400, 1000) is None
