@@ -384,9 +384,8 @@ def sft_seed(warm: int, episodes: int) -> int:
 
 def shared_sft_games(warm_starts: int, episodes: int, games: int) -> list[tuple[int, int, int]]:
     """(warm start a, warm start b, games both imitate) for each pair of warm starts whose SFT games overlap:
-    warm start w plays games (w x episodes + i) mod `games` (`sft_seed`), so they overlap once W x episodes
-    passes the panel."""
-    played = [{(w * episodes + i) % games for i in range(episodes)} for w in range(warm_starts)]
+    warm start w plays games (sft_seed(w) + i) mod `games`, so they overlap once W x episodes passes the panel."""
+    played = [{(sft_seed(w, episodes) + i) % games for i in range(episodes)} for w in range(warm_starts)]
     return [(a, b, len(played[a] & played[b])) for a in range(warm_starts) for b in range(a + 1, warm_starts)
             if played[a] & played[b]]
 

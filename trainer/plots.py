@@ -183,7 +183,7 @@ def plot_paired_runs(reference: dict[str, float], runs: dict[str, dict[str, Sequ
     for x, group in enumerate(groups):
         left = x - 0.4 + width / 2
         ax.hlines(reference[group], left - width / 2, left + width / 2, colors="black", linewidth=2.5,
-                  label=reference_label if x == 0 else None)
+                  label=reference_label)
     for number, (label, per_group) in enumerate(runs.items()):
         marker, size, _ = _STYLES[number % len(_STYLES)]
         color = f"C{number}"
@@ -204,7 +204,7 @@ def plot_paired_runs(reference: dict[str, float], runs: dict[str, dict[str, Sequ
     ax.set_ylabel("success rate")
     ax.spines[["top", "right"]].set_visible(False)
     handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))  # one entry per method, not per group
+    unique = dict(zip(labels, handles, strict=True))  # one legend entry per label, not per group
     ax.legend(unique.values(), unique.keys(), fontsize=7)
     atomic_write_bytes(Path(path), _png(fig))
     return Path(path)
