@@ -32,7 +32,8 @@
    any point, or run it again with more seeds or warm starts, and only what is missing runs;
    `--table-only` prints the table of the finished runs without training.
 4. Figures: per method, held-out success (mean over warm starts, seeds and games) and its paired
-   differences to its warm start (same games) and to GRPO (same warm start, seed and games), each with
+   differences to its warm start (same games) and to GRPO (same warm start, seed and games: the seeds both
+   ran; each method's other figures use every run it finished on the table's warm starts), each with
    a 95% interval (`mean_interval`: a cluster t over two or more warm starts; with one, a hierarchical
    bootstrap that resamples seeds and games; every warm start
    weighs the same, whatever its number of finished seeds): the interval
@@ -249,23 +250,31 @@ def runs_needed(tables: Sequence[np.ndarray], target: float) -> int | None:
 
 
 def finished_design(out: Path, methods: Sequence[str], warm_starts: int | None,
-                    seeds: int | None) -> dict[int, list[int]]:
-    """Per evaluated warm start, the seeds whose runs of every method have finished (a report.json), within
-    the first `warm_starts` and `seeds` (None: every one under `out`)."""
+                    seeds: int | None) -> dict[str, dict[int, list[int]]]:
+    """Per method, per evaluated warm start, the seeds whose runs have finished (a report.json), within the
+    first `warm_starts` and `seeds` (None: every one under `out`). A warm start is kept only where every
+    method has a finished run, so every method's figures cover the same warm starts; within one, each
+    method keeps all its finished seeds (its comparisons to GRPO pair the seeds both ran)."""
     def numbered(folder: Path, prefix: str, limit: int | None) -> list[int]:
         found = sorted(int(p.name[len(prefix):]) for p in folder.glob(f"{prefix}*") if p.name[len(prefix):].isdigit())
         return [n for n in found if limit is None or n < limit]
 
-    design = {}
+    design: dict[str, dict[int, list[int]]] = {m: {} for m in methods}
     for w in numbered(out, "warm", warm_starts):
         warm = out / f"warm{w}"
         if not (warm / "report.json").exists():
             continue
-        done = [s for s in numbered(warm / methods[0], "seed", seeds)
-                if all((warm / m / f"seed{s}" / "report.json").exists() for m in methods)]
-        if done:
-            design[w] = done
-    return design
+        done = {m: [s for s in numbered(warm / m, "seed", seeds) if (warm / m / f"seed{s}" / "report.json").exists()]
+                for m in methods}
+        if all(done.values()):
+            for m in methods:
+                design[m][w] = done[m]
+    return design if methods and design[methods[0]] else {}
+
+
+def warm_starts_of(design: dict[str, dict[int, list[int]]]) -> list[int]:
+    """The warm starts a `finished_design` covers (the same for every method)."""
+    return sorted(next(iter(design.values()))) if design else []
 
 
 def step_costs(metrics: Sequence[dict]) -> dict[str, float]:
@@ -451,7 +460,7 @@ def rl_run_dir(out: Path, warm: int, method: str, seed: int) -> Path:
     return out / f"warm{warm}" / method / f"seed{seed}"
 
 
-def analyse(args, out: Path, methods: Sequence[str], design: dict[int, list[int]],
+def analyse(args, out: Path, methods: Sequence[str], design: dict[str, dict[int, list[int]]],
             starts: dict[int, list[int]]) -> dict:
     """The figures of the finished runs in `design`: the warm start's held-out success and, per method,
     success after RL, its paired differences to its warm start and to GRPO (`mean_interval`s, one
@@ -461,13 +470,17 @@ def analyse(args, out: Path, methods: Sequence[str], design: dict[int, list[int]
     def last_update(path: Path) -> int:
         return int(json.loads((path / "report.json").read_text())["steps"])
 
-    finals = {m: [np.array([final_outcomes(rl_run_dir(out, w, m, s), last_update(rl_run_dir(out, w, m, s)))
-                            for s in seeds_of], dtype=float) for w, seeds_of in design.items()] for m in methods}
+    warms = warm_starts_of(design)
+    outcome = {(m, w, s): np.asarray(final_outcomes(rl_run_dir(out, w, m, s), last_update(rl_run_dir(out, w, m, s))),
+                                     dtype=float)
+               for m in methods for w in warms for s in design[m][w]}
+    # per method, per warm start: a [seeds, games] table of its finished runs
+    finals = {m: [np.stack([outcome[m, w, s] for s in design[m][w]]) for w in warms] for m in methods}
     costs = {m: [step_costs(read_jsonl(rl_run_dir(out, w, m, s) / "metrics.jsonl"))
-                 for w, seeds_of in design.items() for s in seeds_of] for m in methods}
-    for w in design:
+                 for w in warms for s in design[m][w]] for m in methods}
+    for w in warms:
         starts.setdefault(w, final_outcomes(out / f"warm{w}", 0))
-    start_table = [np.array([starts[w]], dtype=float) for w in design]  # per warm start: [1 "seed", games]
+    start_table = [np.array([starts[w]], dtype=float) for w in warms]  # per warm start: [1 "seed", games]
     start = mean_interval(start_table, args.bootstrap, rng)
     grpo_step = float(np.median([c["step"] for c in costs.get("grpo", []) if c])) if costs.get("grpo") else None
     results = {}
@@ -483,31 +496,43 @@ def analyse(args, out: Path, methods: Sequence[str], design: dict[int, list[int]
         entry["vs_start"] = {"difference": g, "interval": [g_low, g_high],
                              "per_run": np.concatenate([t.mean(axis=1) for t in gain]).tolist()}
         if method != "grpo" and "grpo" in finals:
-            delta = [a - b for a, b in zip(finals[method], finals["grpo"], strict=True)]
-            d, d_low, d_high = mean_interval(delta, args.bootstrap, rng)
-            per_run = np.concatenate([t.mean(axis=1) for t in delta])
-            entry["vs_grpo"] = {"difference": d, "interval": [d_low, d_high], "per_run": per_run.tolist(),
-                                "runs_for_2_points": runs_needed(delta, 0.02),
-                                "runs_counted_in": "warm starts" if len(delta) >= 2 else "seeds"}
+            # paired to GRPO on the same warm start, seed (its tasks and sampling seeds) and game: only the
+            # seeds both methods ran; a warm start where they share none drops out of this comparison
+            paired = {w: [s for s in design[method][w] if s in design["grpo"][w]] for w in warms}
+            delta = [np.stack([outcome[method, w, s] - outcome["grpo", w, s] for s in seeds_of])
+                     for w, seeds_of in paired.items() if seeds_of]
+            if delta:
+                d, d_low, d_high = mean_interval(delta, args.bootstrap, rng)
+                per_run = np.concatenate([t.mean(axis=1) for t in delta])
+                entry["vs_grpo"] = {"difference": d, "interval": [d_low, d_high], "per_run": per_run.tolist(),
+                                    "paired_runs": {str(w): v for w, v in paired.items() if v},
+                                    "runs_for_2_points": runs_needed(delta, 0.02),
+                                    "runs_counted_in": "warm starts" if len(delta) >= 2 else "seeds"}
         peaks = [c for c in costs[method] if c and c.get("peak_gb") is not None]
         top = max(peaks, key=lambda c: c["peak_gb"]) if peaks else {}
         entry["peak_gb"], entry["peak_phase"] = top.get("peak_gb"), top.get("peak_phase")
         results[method] = entry
     return {"start": start, "starts": starts, "results": results, "grpo_step": grpo_step,
-            "runs": sum(len(seeds_of) for seeds_of in design.values())}
+            "runs": {m: sum(len(seeds_of) for seeds_of in design[m].values()) for m in methods}}
 
 
-def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figures: dict,
+def table_lines(args, methods: Sequence[str], design: dict[str, dict[int, list[int]]], figures: dict,
                 panel_line: str) -> list[str]:
     """The table of `analyse`'s figures: the settings, the warm start, one row per method, what it means."""
     start_mean, start_low, start_high = figures["start"]
     what = "tiny Qwen3" if args.model == "tiny" else args.model
     trained = (f"top {args.train_layers} layers" if args.train_layers
                else "all weights") + f", autocast {args.autocast}"
-    runs = figures["runs"]
-    shape = (f"{len(design)} warm start(s) x {runs // len(design)} seed(s)"
-             if len({len(v) for v in design.values()}) == 1
-             else f"{len(design)} warm starts x " + "+".join(str(len(v)) for v in design.values()) + " seeds")
+    warms = warm_starts_of(design)
+    counts = {m: [len(design[m][w]) for w in warms] for m in methods}
+    one_run_each = all(n == 1 for c in counts.values() for n in c)
+    if len({tuple(c) for c in counts.values()}) == 1:  # every method ran the same seeds' count per warm start
+        c = counts[methods[0]]
+        shape = (f"{len(warms)} warm start(s) x {c[0]} seed(s)" if len(set(c)) == 1
+                 else f"{len(warms)} warm starts x " + "+".join(map(str, c)) + " seeds")
+    else:
+        shape = (f"{len(warms)} warm start(s); seeds per warm start: "
+                 + ", ".join(f"{m} " + "+".join(map(str, counts[m])) for m in methods))
     lines = [
         f"{args.env}, small rooms, {args.max_turns} turns, {args.train_games} training games | {panel_line}, greedy | "
         f"{what}, {trained} | warm start: {args.sft_episodes} expert episodes x {args.sft_epochs} epochs "
@@ -518,7 +543,7 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
         + (f", invalid-turn penalty {args.invalid_coef}" if args.invalid_coef is not None else "")
         + (f", credit {' '.join(args.credit)}" if args.credit else "") + " | "
         f"{shape}",
-        *filter(None, [shared_sft_note(max(design) + 1, args.sft_episodes, args.train_games)]),
+        *filter(None, [shared_sft_note(max(warms) + 1, args.sft_episodes, args.train_games)]),
         f"warm start: {100 * start_mean:.1f}% [{100 * start_low:.1f}, {100 * start_high:.1f}]",
         f"{'method':<10} {'after RL':>9} {'95% interval':>16} {'vs start':>9} {'95% interval':>18} "
         f"{'vs GRPO':>9} {'95% interval':>18} {'runs for +-2':>12} "
@@ -548,12 +573,14 @@ def table_lines(args, methods: Sequence[str], design: dict[int, list[int]], figu
         "mean over their seeds and games. vs start: the paired difference to the warm start on the same games. "
         "Intervals, paired for the differences: "
         + ("a cluster t over the warm starts (t with W-1 degrees of freedom on the per-warm-start means: it holds "
-           "warm-start, seed and game variance; with few warm starts it is wide). " if len(design) >= 2 else
+           "warm-start, seed and game variance; with few warm starts it is wide). " if len(warms) >= 2 else
            "a bootstrap over seeds and games: one warm start, so warm-start variance is NOT in the interval. ")
         + ("With one run per method the interval holds game sampling only: the run-to-run spread, which decided "
-           "rankings before, is not in it. " if runs == 1 else "")
+           "rankings before, is not in it. " if one_run_each else "")
+        + ("vs GRPO: paired on the seeds both methods ran from each warm start (each method's own columns use all "
+           "its runs). " if len({tuple(c) for c in counts.values()}) > 1 else "")
         + ("runs for +-2: warm starts (each with as many seeds) for a +-2-point interval on the difference, with "
-           "the interval's own model and the spread of the warm starts seen. " if len(design) >= 2 else
+           "the interval's own model and the spread of the warm starts seen. " if len(warms) >= 2 else
            "runs for +-2: seeds from this warm start for a +-2-point interval, with the interval's own model "
            "(no warm-start variance; '?': one run shows no spread). ")
         + "Peak GB: the largest resident memory an update of the method "
@@ -608,6 +635,7 @@ def main(argv=None) -> int:
               "run it without --table-only", file=sys.stderr)
         return 1
     figures = analyse(args, out, methods, design, starts)
+    warms = warm_starts_of(design)
     lines = table_lines(args, methods, design, figures, panel_line)
     wall = time.perf_counter() - started
     load_after = os.getloadavg()[0]
@@ -619,13 +647,14 @@ def main(argv=None) -> int:
     start_mean, start_low, start_high = figures["start"]
     atomic_write_text(out / "learning.txt", table + "\n")
     atomic_write_json(out / "learning.json", {
-        "args": vars(args), "held_out_seeds": seeds, "design": {str(w): v for w, v in design.items()},
+        "args": vars(args), "held_out_seeds": seeds,
+        "design": {m: {str(w): v for w, v in runs.items()} for m, runs in design.items()},
         "warm_start": {"success": start_mean, "interval": [start_low, start_high],
-                       "per_warm_start": [float(np.mean(figures["starts"][w])) for w in design]},
+                       "per_warm_start": [float(np.mean(figures["starts"][w])) for w in warms]},
         "results": figures["results"], "wall_seconds": wall, "load": [load_before, load_after]})
     what = "tiny Qwen3" if args.model == "tiny" else args.model
-    groups = [f"warm start {w}" for w in design]
-    plot_paired_runs({g: float(np.mean(figures["starts"][w])) for g, w in zip(groups, design, strict=True)},
+    groups = [f"warm start {w}" for w in warms]
+    plot_paired_runs({g: float(np.mean(figures["starts"][w])) for g, w in zip(groups, warms, strict=True)},
                      {m: dict(zip(groups, figures["results"][m]["per_run"], strict=True)) for m in methods},
                      out / "learning.png",
                      title=f"held-out success after RL, {args.env.split('/')[-1]}, {what}\n"

@@ -113,7 +113,7 @@ def test_warm_starts_with_different_seed_counts_weigh_the_same_and_keep_their_sp
                        learning.hierarchical_bootstrap(list(table), 300, np.random.default_rng(6)))
 
 
-def test_the_table_covers_the_seeds_whose_runs_of_every_method_finished(tmp_path):
+def test_the_table_covers_every_finished_run_on_the_warm_starts_every_method_reached(tmp_path):
     def finish(*parts):
         (tmp_path.joinpath(*parts)).mkdir(parents=True, exist_ok=True)
         (tmp_path.joinpath(*parts) / "report.json").write_text("{}")
@@ -128,9 +128,15 @@ def test_the_table_covers_the_seeds_whose_runs_of_every_method_finished(tmp_path
     finish("warm1", "gigpo", "seed0")
     finish("warm2", "grpo", "seed0")  # a warm start that was never evaluated: left out
     (tmp_path / "warm0" / "gigpo" / "seed1").mkdir()  # stopped mid-run: no report.json
-    assert learning.finished_design(tmp_path, ["grpo", "gigpo"], None, None) == {0: [0, 2], 1: [0]}
-    assert learning.finished_design(tmp_path, ["grpo", "gigpo"], 1, 2) == {0: [0]}
-    assert learning.finished_design(tmp_path, ["grpo"], None, None) == {0: [0, 1, 2], 1: [0]}
+    assert learning.finished_design(tmp_path, ["grpo", "gigpo"], None, None) == {
+        "grpo": {0: [0, 1, 2], 1: [0]}, "gigpo": {0: [0, 2], 1: [0]}}
+    assert learning.finished_design(tmp_path, ["grpo", "gigpo"], 1, 2) == {"grpo": {0: [0, 1]}, "gigpo": {0: [0]}}
+    assert learning.finished_design(tmp_path, ["grpo"], None, None) == {"grpo": {0: [0, 1, 2], 1: [0]}}
+    # a warm start where one method has no finished run leaves the table for every method
+    finish("warm2")
+    assert learning.warm_starts_of(learning.finished_design(tmp_path, ["grpo", "gigpo"], None, None)) == [0, 1]
+    assert learning.warm_starts_of(learning.finished_design(tmp_path, ["grpo"], None, None)) == [0, 1, 2]
+    assert learning.finished_design(tmp_path, ["stepopsd"], None, None) == {}
     done = subprocess.run([sys.executable, "-m", "benchmarks.learning", "--table-only", "--out",
                            str(tmp_path / "none"), "--quick"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -229,7 +235,7 @@ def _fake_runs(monkeypatch, tmp_path, start, runs):
     monkeypatch.setattr(learning, "read_jsonl", lambda path: [
         {"kind": "train", "time/step_s": 10.0, "time/rollout_s": 5.0, "time/update_s": 4.0}])
     args = learning.parse_args(["--out", str(tmp_path), "--bootstrap", "500"])
-    return learning.analyse(args, tmp_path, ["grpo"], {0: list(range(len(runs)))}, {})
+    return learning.analyse(args, tmp_path, ["grpo"], {"grpo": {0: list(range(len(runs)))}}, {})
 
 
 def test_the_gain_over_the_warm_start_is_paired_game_by_game(monkeypatch, tmp_path):
@@ -256,3 +262,44 @@ def test_warm_starts_that_wrap_past_the_panel_are_named_with_the_fix():
     note = learning.shared_sft_note(3, 400, 1000)
     assert "0 and 2 share 200" in note and "--train-games >= 1200" in note and "--sft-episodes <= 333" in note
     assert learning.shared_sft_note(2, 400, 1000) is None
+
+
+def test_a_method_keeps_its_extra_seeds_and_is_paired_to_grpo_on_the_seeds_both_ran(monkeypatch, tmp_path):
+    # two warm starts; GRPO ran seeds 0-1 from each, GiGPO seed 0 only
+    start = {0: [0, 0, 0, 0], 1: [1, 1, 0, 0]}
+    runs = {("grpo", 0, 0): [1, 0, 0, 0], ("grpo", 0, 1): [1, 1, 1, 0],
+            ("grpo", 1, 0): [1, 1, 1, 0], ("grpo", 1, 1): [1, 1, 1, 1],
+            ("gigpo", 0, 0): [1, 1, 0, 0], ("gigpo", 1, 0): [1, 1, 1, 1]}
+    outcomes = {str(tmp_path / f"warm{w}"): v for w, v in start.items()}
+    for (m, w, s), v in runs.items():
+        run_dir = learning.rl_run_dir(tmp_path, w, m, s)
+        run_dir.mkdir(parents=True)
+        (run_dir / "report.json").write_text('{"steps": 3}')
+        outcomes[str(run_dir)] = v
+    for w in start:
+        (tmp_path / f"warm{w}" / "report.json").write_text("{}")
+    monkeypatch.setattr(learning, "final_outcomes", lambda path, step: outcomes[str(path)])
+    monkeypatch.setattr(learning, "read_jsonl", lambda path: [
+        {"kind": "train", "time/step_s": 10.0, "time/rollout_s": 5.0, "time/update_s": 4.0}])
+    args = learning.parse_args(["--out", str(tmp_path), "--bootstrap", "200"])
+    design = learning.finished_design(tmp_path, ["grpo", "gigpo"], None, None)
+    assert design == {"grpo": {0: [0, 1], 1: [0, 1]}, "gigpo": {0: [0], 1: [0]}}
+    figures = learning.analyse(args, tmp_path, ["grpo", "gigpo"], design, {})
+    grpo, gigpo = figures["results"]["grpo"], figures["results"]["gigpo"]
+    # GRPO's own figures use all four runs: warm start 0 (0.25 + 0.75) / 2, warm start 1 (0.75 + 1) / 2
+    assert grpo["success"] == pytest.approx((0.5 + 0.875) / 2)
+    assert grpo["per_run"] == [[0.25, 0.75], [0.75, 1.0]]
+    # against GRPO, GiGPO is paired on seed 0 only: +0.25 on both warm starts, so no spread
+    assert gigpo["vs_grpo"]["per_run"] == pytest.approx([0.25, 0.25])
+    assert gigpo["vs_grpo"]["difference"] == pytest.approx(0.25)
+    assert gigpo["vs_grpo"]["interval"] == pytest.approx([0.25, 0.25])
+    assert gigpo["vs_grpo"]["paired_runs"] == {"0": [0], "1": [0]}
+    lines = learning.table_lines(args, ["grpo", "gigpo"], design, figures, "panel")
+    assert "2 warm start(s); seeds per warm start: grpo 2+2, gigpo 1+1" in lines[0]
+    assert any("paired on the seeds both methods ran" in line for line in lines)
+    # where every method ran the same seeds the header says so in one count
+    same = {"grpo": {0: [0], 1: [0]}, "gigpo": {0: [0], 1: [0]}}
+    lines = learning.table_lines(args, ["grpo", "gigpo"], same,
+                                 learning.analyse(args, tmp_path, ["grpo", "gigpo"], same, {}), "panel")
+    assert "2 warm start(s) x 1 seed(s)" in lines[0]
+    assert not any("paired on the seeds both methods ran" in line for line in lines)
