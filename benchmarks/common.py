@@ -32,11 +32,14 @@ PAGE_PLOT_MAX_BYTES = 150_000
 
 
 def git_commit() -> str:
-    """The checkout's short commit, with `+changes` when tracked files differ from it; `unknown` outside git."""
+    """The checkout's short commit, with `+changes` when tracked files differ from it; `unknown` outside git.
+    The results pages (PAGES) are left out of that check: they are what a benchmark writes, not what it
+    measures, and a page written with its plot would otherwise name its own new plot as a change."""
     try:
         done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10, check=True)
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", f":(exclude){PAGES.relative_to(REPO).as_posix()}"],
                                capture_output=True, text=True, timeout=10, check=True)
         return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):

@@ -245,3 +245,29 @@ def test_credit_qualitys_page_shows_each_families_aucs_and_paired_differences():
     assert "| stepopsd - grpo | token/success | +0.25 [+0.10, +0.40] |" in body and "| token/failure | - |" in body
     assert body.count("- stepopsd token/success 0.75") == 1  # the goals: ALFWorld's only
     assert table_widths(body) == [(5, [5, 5]), (3, [3, 3])] * 2
+
+
+def test_the_commit_a_page_names_is_dirty_for_code_changes_but_not_for_the_pages_own_files(monkeypatch, tmp_path):
+    import subprocess
+
+    from benchmarks import common
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t", *args],
+                       check=True, capture_output=True)
+
+    (tmp_path / "docs" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "docs" / "benchmarks" / "speed.png").write_bytes(b"old plot")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "start")
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    monkeypatch.setattr(common, "PAGES", tmp_path / "docs" / "benchmarks")
+    clean = common.git_commit()
+    assert clean != "unknown" and "+changes" not in clean
+    # a page writes its plot before the page: that is not a change to what it measured
+    (tmp_path / "docs" / "benchmarks" / "speed.png").write_bytes(b"new plot")
+    assert common.git_commit() == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert common.git_commit() == clean + "+changes"
