@@ -512,8 +512,7 @@ def analyse(args, out: Path, methods: Sequence[str], design: dict[str, dict[int,
         top = max(peaks, key=lambda c: c["peak_gb"]) if peaks else {}
         entry["peak_gb"], entry["peak_phase"] = top.get("peak_gb"), top.get("peak_phase")
         results[method] = entry
-    return {"start": start, "starts": starts, "results": results, "grpo_step": grpo_step,
-            "runs": {m: sum(len(seeds_of) for seeds_of in design[m].values()) for m in methods}}
+    return {"start": start, "starts": starts, "results": results, "grpo_step": grpo_step}
 
 
 def table_lines(args, methods: Sequence[str], design: dict[str, dict[int, list[int]]], figures: dict,
@@ -526,7 +525,8 @@ def table_lines(args, methods: Sequence[str], design: dict[str, dict[int, list[i
     warms = warm_starts_of(design)
     counts = {m: [len(design[m][w]) for w in warms] for m in methods}
     one_run_each = all(n == 1 for c in counts.values() for n in c)
-    if len({tuple(c) for c in counts.values()}) == 1:  # every method ran the same seeds' count per warm start
+    same_seeds = len({tuple(c) for c in counts.values()}) == 1  # every method: the same count per warm start
+    if same_seeds:
         c = counts[methods[0]]
         shape = (f"{len(warms)} warm start(s) x {c[0]} seed(s)" if len(set(c)) == 1
                  else f"{len(warms)} warm starts x " + "+".join(map(str, c)) + " seeds")
@@ -578,7 +578,7 @@ def table_lines(args, methods: Sequence[str], design: dict[str, dict[int, list[i
         + ("With one run per method the interval holds game sampling only: the run-to-run spread, which decided "
            "rankings before, is not in it. " if one_run_each else "")
         + ("vs GRPO: paired on the seeds both methods ran from each warm start (each method's own columns use all "
-           "its runs). " if len({tuple(c) for c in counts.values()}) > 1 else "")
+           "its runs). " if not same_seeds else "")
         + ("runs for +-2: warm starts (each with as many seeds) for a +-2-point interval on the difference, with "
            "the interval's own model and the spread of the warm starts seen. " if len(warms) >= 2 else
            "runs for +-2: seeds from this warm start for a +-2-point interval, with the interval's own model "
