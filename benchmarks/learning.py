@@ -7,6 +7,7 @@
     .venv/bin/python -m benchmarks.learning --model tiny          # the 0.6M-parameter tiny Qwen3 (its own defaults)
     .venv/bin/python -m benchmarks.learning --sft-privileged 0.5 --warm-only --out runs/learning-literate
     .venv/bin/python -m benchmarks.learning --table-only --out runs/learning-smollm2-135m  # the finished runs' table
+    .venv/bin/python -m benchmarks.learning --seeds 3 --warm-starts 3 --ledger docs/benchmarks/learning-runs.jsonl
 
 1. Warm starts (`--warm-starts W`, each once, cached under OUT/warm<w>): the model fine-tuned on expert
    episodes of ALFWorld Pick (small rooms) with random detours the expert recovers from (only the
@@ -30,7 +31,11 @@
    differ at rounding.
    Every run resumes from its checkpoint, and a finished run is never redone: stop the command at
    any point, or run it again with more seeds or warm starts, and only what is missing runs;
-   `--table-only` prints the table of the finished runs without training.
+   `--table-only` prints the table of the finished runs without training. `--ledger FILE` carries that
+   across checkouts (benchmarks/run_ledger.py): each finished warm start and run is recorded there as it
+   ends (held-out outcome per game, step costs, commit, CPU, threads), runs it holds are not run again, the
+   table counts them, and a warm start that must be trained again for missing runs has to come back with
+   the recorded weights (SHA-256), else the benchmark stops rather than pair runs of two models.
 4. Figures: per method, held-out success (mean over warm starts, seeds and games) and its paired
    differences to its warm start (same games) and to GRPO (same warm start, seed and games: the seeds both
    ran; each method's other figures use every run it finished on the table's warm starts), each with
@@ -53,8 +58,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,8 +69,9 @@ from agentgym_opsd.episode import load_episodes
 from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl
 from agentgym_opsd.summary import wilson_interval as wilson
 from agentgym_opsd.usage import UsageError, parse_options
-from benchmarks.common import PAGES, add_page_argument, write_results_page
+from benchmarks.common import PAGES, add_page_argument, cpu_model, git_commit, write_results_page
 from benchmarks.held_out_games import twin_free_seeds
+from benchmarks.run_ledger import LedgerMismatch, RunLedger, outcome_bits, weights_sha256
 from trainer.config import TrainConfig
 from trainer.credit.config import METHODS
 from trainer.local import LocalTrainer
@@ -120,6 +127,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="train and evaluate the warm start(s), then stop (e.g. a literate one with --sft-privileged)")
     ap.add_argument("--table-only", action="store_true",
                     help="train nothing: the table of every finished run under OUT (e.g. of a stopped invocation)")
+    ap.add_argument("--ledger", metavar="FILE.jsonl",
+                    help="a ledger of finished runs kept in the repository (the page's is docs/benchmarks/"
+                    "learning-runs.jsonl): its runs count as finished in any checkout, each finished run is added as "
+                    "it ends, and a warm start retrained for missing runs must have the ledger's weights")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     add_page_argument(ap)
     args = ap.parse_args(argv)
@@ -250,21 +261,22 @@ def runs_needed(tables: Sequence[np.ndarray], target: float) -> int | None:
 
 
 def finished_design(out: Path, methods: Sequence[str], warm_starts: int | None,
-                    seeds: int | None) -> dict[str, dict[int, list[int]]]:
-    """Per method, per evaluated warm start, the seeds whose runs have finished (a report.json), within the
-    first `warm_starts` and `seeds` (None: every one under `out`). A warm start is kept only where every
-    method has a finished run, so every method's figures cover the same warm starts; within one, each
-    method keeps all its finished seeds (its comparisons to GRPO pair the seeds both ran)."""
-    def numbered(folder: Path, prefix: str, limit: int | None) -> list[int]:
-        found = sorted(int(p.name[len(prefix):]) for p in folder.glob(f"{prefix}*") if p.name[len(prefix):].isdigit())
-        return [n for n in found if limit is None or n < limit]
+                    seeds: int | None, ledger: RunLedger | None = None) -> dict[str, dict[int, list[int]]]:
+    """Per method, per evaluated warm start, the seeds whose runs have finished (a report.json under `out`, or a
+    record in `ledger`), within the first `warm_starts` and `seeds` (None: every one there). A warm start is
+    kept only where every method has a finished run, so every method's figures cover the same warm starts;
+    within one, each method keeps all its finished seeds (its comparisons to GRPO pair the seeds both ran)."""
+    def numbered(folder: Path, prefix: str, limit: int | None, recorded: Sequence[int] = ()) -> list[int]:
+        found = {int(p.name[len(prefix):]) for p in folder.glob(f"{prefix}*") if p.name[len(prefix):].isdigit()}
+        return sorted(n for n in found | set(recorded) if limit is None or n < limit)
 
     design: dict[str, dict[int, list[int]]] = {m: {} for m in methods}
-    for w in numbered(out, "warm", warm_starts):
+    for w in numbered(out, "warm", warm_starts, ledger.warm_starts() if ledger else ()):
         warm = out / f"warm{w}"
-        if not (warm / "report.json").exists():
+        if not ((warm / "report.json").exists() or (ledger and ledger.warm(w))):
             continue
-        done = {m: [s for s in numbered(warm / m, "seed", seeds) if (warm / m / f"seed{s}" / "report.json").exists()]
+        done = {m: [s for s in numbered(warm / m, "seed", seeds, ledger.seeds(m, w) if ledger else ())
+                    if (warm / m / f"seed{s}" / "report.json").exists() or (ledger and ledger.run(m, w, s))]
                 for m in methods}
         if all(done.values()):
             for m in methods:
@@ -331,9 +343,11 @@ def held_out_panel(args, env_options: dict) -> tuple[dict, list[int], str]:
                                  f"{args.eval_games} dropped: a training game has the same goal and expert plan)")
 
 
-def run_jobs(todo: dict, jobs: int, progress: bool, run=rl_run, threads: int | None = None) -> dict:
+def run_jobs(todo: dict, jobs: int, progress: bool, run=rl_run, threads: int | None = None,
+             done: Callable[[Any, float], None] | None = None) -> dict:
     """Run every (key -> TrainConfig fields) job, `jobs` at a time, each on `threads` torch threads or by
-    default the CPUs' share of the runs at once (a run alone uses them all); returns key -> wall seconds."""
+    default the CPUs' share of the runs at once (a run alone uses them all); returns key -> wall seconds.
+    `done(key, seconds)` is called as each job finishes (the ledger records it then)."""
     seconds: dict = {}
     if not todo:
         return seconds
@@ -346,6 +360,8 @@ def run_jobs(todo: dict, jobs: int, progress: bool, run=rl_run, threads: int | N
         for key, fields in todo.items():
             seconds[key] = run(fields, progress)
             print(f"{key}: done in {seconds[key]:.0f}s", flush=True)
+            if done:
+                done(key, seconds[key])
         return seconds
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -368,6 +384,8 @@ def run_jobs(todo: dict, jobs: int, progress: bool, run=rl_run, threads: int | N
                         "(with --jobs 1 if memory is short)") from None
                 bar.update(1)
                 bar.write(f"{key}: done in {seconds[key]:.0f}s")
+                if done:
+                    done(key, seconds[key])
     return seconds
 
 
@@ -410,28 +428,37 @@ def shared_sft_note(warm_starts: int, episodes: int, games: int) -> str | None:
             f"--sft-episodes <= {games // warm_starts}")
 
 
-def run_warm_starts(args, out: Path, common: dict) -> tuple[dict, dict[int, list[int]]]:
-    """Train and evaluate the warm starts not done yet; (wall seconds per job, held-out outcomes per warm start)."""
+def run_warm_starts(args, out: Path, common: dict, methods: Sequence[str] = (), ledger: RunLedger | None = None,
+                    done: Callable[[Any, float], None] | None = None) -> tuple[dict, dict[int, list[int]]]:
+    """Train and evaluate the warm starts not done yet (one the ledger holds only where an RL run of `methods`
+    from it is still to do); (wall seconds per job, held-out outcomes per warm start)."""
     model_fields = ({**TINY_QWEN3, "vocab_size": args.vocab_size, "tiny_hidden": args.tiny_hidden,
                      "tiny_layers": args.tiny_layers} if args.model == "tiny" else dict(model=args.model))
     todo = {}
     for w in ([] if args.table_only else range(args.warm_starts)):
         warm = out / f"warm{w}"
-        if not (warm / "report.json").exists():
+        recorded = ledger is not None and ledger.warm(w) is not None
+        runs_left = not args.warm_only and ledger is not None and any(
+            ledger.run(m, w, s) is None for m in methods for s in range(args.seeds))
+        if not (warm / "report.json").exists() and (not recorded or runs_left):
             todo[("warm start", w)] = dict(
                 out=str(warm), method="grpo", steps=0, save_every=0, seed=w, sft_seed=sft_seed(w, args.sft_episodes),
                 sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_noise=args.sft_noise,
                 sft_lr=args.sft_lr, sft_privileged=args.sft_privileged, **model_fields, **common,
             )
-    seconds = run_jobs(todo, args.jobs, args.progress, threads=args.threads)
+    seconds = run_jobs(todo, args.jobs, args.progress, threads=args.threads, done=done)
     starts = {w: final_outcomes(out / f"warm{w}", 0) for w in range(args.warm_starts)
-              if not args.table_only or (out / f"warm{w}" / "report.json").exists()}
+              if (out / f"warm{w}" / "report.json").exists()}
+    if ledger is not None:
+        starts.update({w: [int(c) for c in ledger.warm(w)["outcomes"]] for w in ledger.warm_starts()
+                       if w not in starts and (args.table_only or w < args.warm_starts)})
     return seconds, starts
 
 
-def run_rl(args, out: Path, methods: Sequence[str], common: dict) -> dict:
-    """The RL runs not finished yet, seed 0 of every method (and warm start) first, so a stopped
-    invocation leaves whole seeds; returns wall seconds per run."""
+def run_rl(args, out: Path, methods: Sequence[str], common: dict, ledger: RunLedger | None = None,
+           done: Callable[[Any, float], None] | None = None) -> dict:
+    """The RL runs not finished yet (under `out` or in the ledger), seed 0 of every method (and warm start)
+    first, so a stopped invocation leaves whole seeds; returns wall seconds per run."""
     todo = {}
     credit = parse_options(args.credit)
     if args.invalid_coef is not None:
@@ -440,7 +467,7 @@ def run_rl(args, out: Path, methods: Sequence[str], common: dict) -> dict:
         for w in range(args.warm_starts):
             for method in methods:
                 run_dir = out / f"warm{w}" / method / f"seed{seed}"
-                if not (run_dir / "report.json").exists():
+                if not (run_dir / "report.json").exists() and not (ledger and ledger.run(method, w, seed)):
                     todo[(method, w, seed)] = dict(
                         out=str(run_dir), method=method, model=str(out / f"warm{w}" / "model"), steps=args.steps,
                         seed=seed, tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr,
@@ -448,7 +475,7 @@ def run_rl(args, out: Path, methods: Sequence[str], common: dict) -> dict:
                         temperature=args.temperature, kl_coef=args.kl_coef, eval_every=0,
                         eval_before=False, credit=credit, save_every=1, **common,
                     )
-    return run_jobs(todo, args.jobs, args.progress, threads=args.threads)
+    return run_jobs(todo, args.jobs, args.progress, threads=args.threads, done=done)
 
 
 def threads_per_run(args: argparse.Namespace) -> int:
@@ -460,26 +487,96 @@ def rl_run_dir(out: Path, warm: int, method: str, seed: int) -> Path:
     return out / f"warm{warm}" / method / f"seed{seed}"
 
 
+def ledger_settings(args: argparse.Namespace, held_out_seeds: list[int]) -> dict[str, Any]:
+    """Every setting that changes what a warm start or run measures: the ledger shares runs only between
+    invocations where these are equal (not --jobs, --threads, --out or the table's bootstrap)."""
+    credit = parse_options(args.credit)
+    if args.invalid_coef is not None:
+        credit["invalid_coef"] = args.invalid_coef
+    model = ({"tiny_hidden": args.tiny_hidden, "tiny_layers": args.tiny_layers, "vocab_size": args.vocab_size}
+             if args.model == "tiny" else Path(args.model).name)
+    return {"env": args.env, "model": model, "recipe": recipe_of(args).fields(), "credit": credit,
+            "sft_privileged": args.sft_privileged, "device": args.device, "held_out_seeds": held_out_seeds}
+
+
+def record_finished(ledger: RunLedger, out: Path, methods: Sequence[str], seconds: dict | None = None,
+                    fingerprints: dict[int, str] | None = None) -> int:
+    """Add every warm start and run of `methods` finished under `out` that the ledger lacks; returns how many.
+    A warm start under `out` whose weights differ from the ledger's record raises `LedgerMismatch` (runs from
+    it could not be paired with the ledger's). `seconds`: wall seconds by run_jobs key, where known;
+    `fingerprints`: a cache of warm starts' weight hashes (hashing 0.5 GB takes a second)."""
+    seconds = seconds or {}
+    fingerprints = {} if fingerprints is None else fingerprints
+    added = 0
+
+    def provenance(run_dir: Path, key) -> dict:
+        config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
+        return {"commit": git_commit(), "cpu": cpu_model(), "threads": config.get("cpu_threads"),
+                "seconds": round(seconds[key], 1) if key in seconds else None}
+
+    for warm in sorted(out.glob("warm*")):
+        if not warm.name[4:].isdigit() or not (warm / "report.json").exists():
+            continue
+        w = int(warm.name[4:])
+        if w not in fingerprints:
+            fingerprints[w] = weights_sha256(warm / "model")
+        record = ledger.warm(w)
+        if record is not None and record["weights_sha256"] != fingerprints[w]:
+            raise LedgerMismatch(
+                f"warm start {w} under {out} has other weights (sha256 {fingerprints[w][:12]}) than the ledger "
+                f"{ledger.path} recorded (sha256 {record['weights_sha256'][:12]}, trained on {record['cpu']} with "
+                f"{record['threads']} thread(s) at {record['commit']}): new runs from it cannot be paired with the "
+                f"ledger's. Train it where the ledger's was (same CPU kind and --threads), or give another --ledger")
+        if record is None:
+            ledger.add({"warm": w, "outcomes": outcome_bits(final_outcomes(warm, 0)),
+                        "weights_sha256": fingerprints[w], "settings": ledger.settings,
+                        **provenance(warm, ("warm start", w))})
+            added += 1
+        for method in methods:
+            for run_dir in sorted((warm / method).glob("seed*")):
+                if not run_dir.name[4:].isdigit() or not (run_dir / "report.json").exists():
+                    continue
+                s = int(run_dir.name[4:])
+                if ledger.run(method, w, s) is None:
+                    ledger.add({"warm": w, "method": method, "seed": s,
+                                "outcomes": outcome_bits(run_outcomes(out, method, w, s)),
+                                "costs": run_costs(out, method, w, s), **provenance(run_dir, (method, w, s))})
+                    added += 1
+    return added
+
+
+def run_outcomes(out: Path, method: str, warm: int, seed: int, ledger: RunLedger | None = None) -> list[int]:
+    """A finished run's held-out success per game at its last update: the ledger's record, else its folder."""
+    if ledger is not None and (record := ledger.run(method, warm, seed)):
+        return [int(c) for c in record["outcomes"]]
+    run_dir = rl_run_dir(out, warm, method, seed)
+    return final_outcomes(run_dir, int(json.loads((run_dir / "report.json").read_text())["steps"]))
+
+
+def run_costs(out: Path, method: str, warm: int, seed: int, ledger: RunLedger | None = None) -> dict[str, float]:
+    """A finished run's `step_costs`: the ledger's record, else from its metrics.jsonl."""
+    if ledger is not None and (record := ledger.run(method, warm, seed)):
+        return record["costs"]
+    return step_costs(read_jsonl(rl_run_dir(out, warm, method, seed) / "metrics.jsonl"))
+
+
 def analyse(args, out: Path, methods: Sequence[str], design: dict[str, dict[int, list[int]]],
-            starts: dict[int, list[int]]) -> dict:
-    """The figures of the finished runs in `design`: the warm start's held-out success and, per method,
-    success after RL, its paired differences to its warm start and to GRPO (`mean_interval`s, one
-    generator seeded 0 drawn in a fixed order) and its step costs and memory peak."""
+            starts: dict[int, list[int]], ledger: RunLedger | None = None) -> dict:
+    """The figures of the finished runs in `design` (read from the ledger where it holds them): the warm
+    start's held-out success and, per method, success after RL, its paired differences to its warm start and
+    to GRPO (`mean_interval`s, one generator seeded 0 drawn in a fixed order) and its step costs and memory
+    peak."""
     rng = np.random.default_rng(0)
-
-    def last_update(path: Path) -> int:
-        return int(json.loads((path / "report.json").read_text())["steps"])
-
     warms = warm_starts_of(design)
-    outcome = {(m, w, s): np.asarray(final_outcomes(rl_run_dir(out, w, m, s), last_update(rl_run_dir(out, w, m, s))),
-                                     dtype=float)
+    outcome = {(m, w, s): np.asarray(run_outcomes(out, m, w, s, ledger), dtype=float)
                for m in methods for w in warms for s in design[m][w]}
     # per method, per warm start: a [seeds, games] table of its finished runs
     finals = {m: [np.stack([outcome[m, w, s] for s in design[m][w]]) for w in warms] for m in methods}
-    costs = {m: [step_costs(read_jsonl(rl_run_dir(out, w, m, s) / "metrics.jsonl"))
-                 for w in warms for s in design[m][w]] for m in methods}
+    costs = {m: [run_costs(out, m, w, s, ledger) for w in warms for s in design[m][w]] for m in methods}
     for w in warms:
-        starts.setdefault(w, final_outcomes(out / f"warm{w}", 0))
+        if w not in starts:
+            record = ledger.warm(w) if ledger is not None else None
+            starts[w] = [int(c) for c in record["outcomes"]] if record else final_outcomes(out / f"warm{w}", 0)
     start_table = [np.array([starts[w]], dtype=float) for w in warms]  # per warm start: [1 "seed", games]
     start = mean_interval(start_table, args.bootstrap, rng)
     grpo_step = float(np.median([c["step"] for c in costs.get("grpo", []) if c])) if costs.get("grpo") else None
@@ -610,11 +707,34 @@ def main(argv=None) -> int:
     eval_options, seeds, panel_line = held_out_panel(args, env_options)
     print(panel_line, flush=True)
     common = shared_fields(args, env_options, eval_options, seeds)
+    ledger = RunLedger(args.ledger, ledger_settings(args, seeds)) if args.ledger else None
+    try:
+        return run_and_report(args, out, methods, common, seeds, panel_line, ledger, started, load_before)
+    except LedgerMismatch as exc:
+        print(f"learning.py: {exc}", file=sys.stderr)
+        return 1
+
+
+def run_and_report(args, out: Path, methods: list[str], common: dict, seeds: list[int], panel_line: str,
+                   ledger: RunLedger | None, started: float, load_before: float) -> int:
+    """main's body once the panel is known: the warm starts, the RL runs, the table, the page."""
+    fingerprints: dict[int, str] = {}
+
+    def finished(key=None, seconds: float | None = None) -> None:  # a job just ended: the ledger records it
+        if ledger is not None:
+            record_finished(ledger, out, methods, {key: seconds} if key is not None else None, fingerprints)
+
+    if ledger is not None:
+        finished()  # runs an earlier invocation finished under OUT
+        print(f"ledger {ledger.path}: {len(ledger.warm_starts())} warm start(s) and "
+              f"{len(ledger.records) - len(ledger.warm_starts())} run(s) of this design"
+              + (f" ({ledger.other_designs} record(s) of other designs not counted)" if ledger.other_designs else ""),
+              flush=True)
 
     # 1. the warm starts, each evaluated once on the held-out panel
     if note := shared_sft_note(args.warm_starts, args.sft_episodes, args.train_games):
         print(note, flush=True)
-    warm_seconds, starts = run_warm_starts(args, out, common)
+    warm_seconds, starts = run_warm_starts(args, out, common, methods, ledger, done=finished)
     for w, outcomes in starts.items():
         low, high = wilson(sum(outcomes), len(outcomes))
         print(f"warm start {w}: held-out {sum(outcomes)}/{len(outcomes)} = {100 * np.mean(outcomes):.1f}% "
@@ -625,16 +745,17 @@ def main(argv=None) -> int:
         return 0
 
     # 2. the RL runs
-    run_seconds = run_rl(args, out, methods, common)
+    run_seconds = run_rl(args, out, methods, common, ledger, done=finished)
 
     # 3. the figures, over every warm start and seed whose runs of every method are done (all of them, after
-    # a whole invocation; with --table-only, whatever is under OUT)
-    design = finished_design(out, methods, *((None, None) if args.table_only else (args.warm_starts, args.seeds)))
+    # a whole invocation; with --table-only, whatever is under OUT and in the ledger)
+    design = finished_design(out, methods, *((None, None) if args.table_only else (args.warm_starts, args.seeds)),
+                             ledger=ledger)
     if not design:
         print(f"learning.py: no warm start under {out} has a finished run of every method ({', '.join(methods)}); "
               "run it without --table-only", file=sys.stderr)
         return 1
-    figures = analyse(args, out, methods, design, starts)
+    figures = analyse(args, out, methods, design, starts, ledger)
     warms = warm_starts_of(design)
     lines = table_lines(args, methods, design, figures, panel_line)
     wall = time.perf_counter() - started

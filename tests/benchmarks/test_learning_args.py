@@ -34,7 +34,7 @@ def rl_fields(monkeypatch, tmp_path, argv: list[str]) -> tuple[list[dict], int |
     """The fields of every RL run (GRPO and GiGPO) that `argv` would start, and their threads."""
     seen = {}
 
-    def capture(todo, jobs, progress, run=None, threads=None):
+    def capture(todo, jobs, progress, run=None, threads=None, done=None):
         seen.update(todo=todo, threads=threads)
         return {}
 
@@ -221,22 +221,29 @@ def test_warm_only_trains_and_scores_the_warm_start_and_runs_no_rl(tmp_path):
     assert not (out / "learning.txt").exists()
 
 
-def _fake_runs(monkeypatch, tmp_path, start, runs):
-    """An OUT with warm start 0 and GRPO seeds 0..len(runs)-1 finished, held-out outcomes as given."""
-    (tmp_path / "warm0").mkdir(parents=True)
-    (tmp_path / "warm0" / "report.json").write_text("{}")
-    outcomes = {str(tmp_path / "warm0"): start}
-    for seed, run in enumerate(runs):
-        run_dir = learning.rl_run_dir(tmp_path, 0, "grpo", seed)
+def _finished_out(monkeypatch, out, weights: bytes, runs: dict, start: list[int], outcomes: dict) -> None:
+    """An OUT holding warm start 0 (its weights `weights`) and GRPO runs {seed: outcomes}, as finished runs leave
+    them; `outcomes` (path -> per-game success) is what `final_outcomes` reads back."""
+    (out / "warm0" / "model").mkdir(parents=True)
+    (out / "warm0" / "model" / "model.safetensors").write_bytes(weights)
+    (out / "warm0" / "report.json").write_text("{}")
+    (out / "warm0" / "config.json").write_text('{"cpu_threads": 1}')
+    outcomes[str(out / "warm0")] = start
+    for seed, run in runs.items():
+        run_dir = learning.rl_run_dir(out, 0, "grpo", seed)
         run_dir.mkdir(parents=True)
         (run_dir / "report.json").write_text('{"steps": 3}')
         outcomes[str(run_dir)] = run
     monkeypatch.setattr(learning, "final_outcomes", lambda path, step: outcomes[str(path)])
     monkeypatch.setattr(learning, "read_jsonl", lambda path: [
         {"kind": "train", "time/step_s": 10.0, "time/rollout_s": 5.0, "time/update_s": 4.0}])
+
+
+def _fake_runs(monkeypatch, tmp_path, start, runs):
+    """An OUT with warm start 0 and GRPO seeds 0..len(runs)-1 finished, held-out outcomes as given."""
+    _finished_out(monkeypatch, tmp_path, b"weights", dict(enumerate(runs)), start, {})
     args = learning.parse_args(["--out", str(tmp_path), "--bootstrap", "500"])
     return learning.analyse(args, tmp_path, ["grpo"], {"grpo": {0: list(range(len(runs)))}}, {})
-
 
 def test_the_gain_over_the_warm_start_is_paired_game_by_game(monkeypatch, tmp_path):
     start = [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]
@@ -303,3 +310,71 @@ def test_a_method_keeps_its_extra_seeds_and_is_paired_to_grpo_on_the_seeds_both_
                                  learning.analyse(args, tmp_path, ["grpo", "gigpo"], same, {}), "panel")
     assert "2 warm start(s) x 1 seed(s)" in lines[0]
     assert not any("paired on the seeds both methods ran" in line for line in lines)
+
+
+def test_the_ledger_carries_finished_runs_into_a_new_checkout(monkeypatch, tmp_path, capsys):
+    """Runs recorded in the ledger count as finished where their folders are gone: the next invocation runs
+    only what is missing, the table reads them back, and a retrained warm start with other weights stops it."""
+    rng = np.random.default_rng(1)
+    start = [int(x) for x in rng.random(50) < 0.2]
+    runs = {0: [int(x) for x in rng.random(50) < 0.3], 1: [int(x) for x in rng.random(50) < 0.35]}
+    outcomes: dict = {}
+    old = tmp_path / "old-checkout"
+    _finished_out(monkeypatch, old, b"warm start weights", runs, start, outcomes)
+    argv = ["--methods", "grpo", "--bootstrap", "200"]
+    args = learning.parse_args([*argv, "--out", str(old)])
+    settings = learning.ledger_settings(args, list(range(50)))
+    path = tmp_path / "ledger.jsonl"
+    ledger = learning.RunLedger(path, settings)
+    assert learning.record_finished(ledger, old, ["grpo"]) == 3
+    assert learning.record_finished(ledger, old, ["grpo"]) == 0  # recorded once
+    before = learning.analyse(args, old, ["grpo"], learning.finished_design(old, ["grpo"], None, None), {})
+
+    new = tmp_path / "new-checkout"
+    new.mkdir()
+    reread = learning.RunLedger(path, settings)
+    design = learning.finished_design(new, ["grpo"], None, None, reread)
+    assert design == {"grpo": {0: [0, 1]}}
+    after = learning.analyse(args, new, ["grpo"], design, {}, reread)
+    assert after["results"]["grpo"]["vs_start"] == before["results"]["grpo"]["vs_start"]
+    assert after["results"]["grpo"]["step_seconds"]["step"] == 10.0
+    # a third seed: only it runs, and the warm start it needs is trained again; with two seeds nothing runs
+    started = {}
+    monkeypatch.setattr(learning, "run_jobs", lambda todo, *a, **k: started.update(todo) or {})
+    learning.run_rl(learning.parse_args([*argv, "--seeds", "3", "--out", str(new)]), new, ["grpo"], {}, reread)
+    assert list(started) == [("grpo", 0, 2)]
+    started.clear()
+    learning.run_warm_starts(learning.parse_args([*argv, "--seeds", "3", "--out", str(new)]), new, {}, ["grpo"],
+                             reread)
+    assert list(started) == [("warm start", 0)]
+    started.clear()
+    _, starts = learning.run_warm_starts(learning.parse_args([*argv, "--seeds", "2", "--out", str(new)]), new, {},
+                                         ["grpo"], reread)
+    assert started == {} and starts == {0: start}
+    # another design (another learning rate) shares nothing with these records
+    other = learning.RunLedger(path, learning.ledger_settings(learning.parse_args([*argv, "--lr", "1e-4"]),
+                                                              list(range(50))))
+    assert other.records == [] and other.other_designs == 3
+    # a warm start retrained to other weights (another CPU, another thread count) cannot take new runs
+    _finished_out(monkeypatch, new, b"other weights", {}, start, outcomes)
+    with pytest.raises(learning.LedgerMismatch, match="Train it where the ledger's was"):
+        learning.record_finished(reread, new, ["grpo"])
+
+
+def test_the_table_reads_a_ledger_alone(monkeypatch, tmp_path, capsys):
+    """`--table-only --ledger` in a checkout with no runs prints the ledger's table, its figures the runs'."""
+    rng = np.random.default_rng(2)
+    start = [int(x) for x in rng.random(50) < 0.2]
+    runs = {0: [int(x) for x in rng.random(50) < 0.4], 1: [int(x) for x in rng.random(50) < 0.4]}
+    old = tmp_path / "old"
+    _finished_out(monkeypatch, old, b"weights", runs, start, {})
+    argv = ["--methods", "grpo", "--bootstrap", "200", "--table-only", "--ledger", str(tmp_path / "ledger.jsonl")]
+    ledger = learning.RunLedger(tmp_path / "ledger.jsonl",
+                                learning.ledger_settings(learning.parse_args(argv), list(range(50))))
+    learning.record_finished(ledger, old, ["grpo"])
+    assert learning.main([*argv, "--out", str(tmp_path / "empty")]) == 0
+    table = capsys.readouterr().out
+    mean = 100 * np.mean([runs[0], runs[1]])
+    assert f"warm start: {100 * np.mean(start):.1f}%" in table
+    assert f"{'grpo':<10} {mean:>8.1f}%" in table
+    assert "ledger" in table and "1 warm start(s) and 2 run(s) of this design" in table
