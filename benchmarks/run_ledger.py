@@ -14,8 +14,10 @@ of other designs in the same file are kept as they are and not counted.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -64,9 +66,7 @@ class RunLedger:
         self.path = Path(path)
         self.settings = settings
         self.key = design_key(settings)
-        self._all = list(read_jsonl(self.path)) if self.path.exists() else []
-        self.records = [r for r in self._all if r.get("design") == self.key]
-        self.other_designs = len(self._all) - len(self.records)
+        self._reload()
 
     def warm(self, warm: int) -> dict | None:
         return next((r for r in self.records if r["warm"] == warm and "method" not in r), None)
@@ -81,12 +81,27 @@ class RunLedger:
     def seeds(self, method: str, warm: int) -> list[int]:
         return sorted(r["seed"] for r in self.records if r.get("method") == method and r["warm"] == warm)
 
+    def _reload(self) -> None:
+        self._all = list(read_jsonl(self.path)) if self.path.exists() else []
+        self.records = [r for r in self._all if r.get("design") == self.key]
+        self.other_designs = len(self._all) - len(self.records)
+
     def add(self, record: dict[str, Any]) -> dict[str, Any]:
         """Record a finished warm start (no `method`) or run, stamped with this design and the date, and rewrite
-        the file atomically (a crash leaves the old file or the new one, never half a line)."""
+        the file atomically (a crash leaves the old file or the new one, never half a line). Two invocations
+        may share a ledger: under a lock, the file is read again first, and a record it already holds (the
+        same warm start, method and seed) is kept rather than written twice."""
         record = {"design": self.key, **record, "date": time.strftime("%Y-%m-%d")}
-        self._all.append(record)
-        self.records.append(record)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self._all))
+        lock = Path(tempfile.gettempdir()) / f"run-ledger-{design_key({'path': str(self.path.resolve())})}.lock"
+        with lock.open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            self._reload()
+            same = next((r for r in self.records if (r["warm"], r.get("method"), r.get("seed"))
+                         == (record["warm"], record.get("method"), record.get("seed"))), None)
+            if same is not None:
+                return same
+            self._all.append(record)
+            self.records.append(record)
+            atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self._all))
         return record

@@ -378,3 +378,15 @@ def test_the_table_reads_a_ledger_alone(monkeypatch, tmp_path, capsys):
     assert f"warm start: {100 * np.mean(start):.1f}%" in table
     assert f"{'grpo':<10} {mean:>8.1f}%" in table
     assert "ledger" in table and "1 warm start(s) and 2 run(s) of this design" in table
+
+
+def test_two_invocations_sharing_a_ledger_keep_each_others_records(tmp_path):
+    """Each holds the file as it read it at start; a record added by one is not lost when the other writes."""
+    path, settings = tmp_path / "ledger.jsonl", {"lr": 2e-5}
+    first, second = learning.RunLedger(path, settings), learning.RunLedger(path, settings)
+    first.add({"warm": 0, "outcomes": "01", "weights_sha256": "a"})
+    second.add({"warm": 1, "outcomes": "11", "weights_sha256": "b"})
+    second.add({"warm": 0, "outcomes": "01", "weights_sha256": "a"})  # both recorded warm start 0: kept once
+    first.add({"warm": 0, "method": "grpo", "seed": 0, "outcomes": "10", "costs": {}})
+    assert sorted((r["warm"], r.get("method")) for r in learning.RunLedger(path, settings).records) == [
+        (0, None), (0, "grpo"), (1, None)]
