@@ -388,5 +388,5 @@ def test_two_invocations_sharing_a_ledger_keep_each_others_records(tmp_path):
     second.add({"warm": 1, "outcomes": "11", "weights_sha256": "b"})
     second.add({"warm": 0, "outcomes": "01", "weights_sha256": "a"})  # both recorded warm start 0: kept once
     first.add({"warm": 0, "method": "grpo", "seed": 0, "outcomes": "10", "costs": {}})
-    assert sorted((r["warm"], r.get("method")) for r in learning.RunLedger(path, settings).records) == [
-        (0, None), (0, "grpo"), (1, None)]
+    assert sorted((r["warm"], r.get("method", "")) for r in learning.RunLedger(path, settings).records) == [
+        (0, ""), (0, "grpo"), (1, "")]
