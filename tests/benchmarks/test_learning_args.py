@@ -3,6 +3,7 @@ table says they do."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -207,18 +208,27 @@ def test_a_run_whose_process_dies_stops_the_benchmark_with_a_message_that_says_h
 
 
 def test_warm_only_trains_and_scores_the_warm_start_and_runs_no_rl(tmp_path):
-    out = tmp_path / "learning"
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.learning", "--model", "tiny", "--quick", "--warm-only", "--out", str(out),
-         "--jobs", "1",
-         "--train-games", "20", "--eval-games", "3", "--sft-episodes", "8", "--sft-epochs", "1", "--max-turns", "4",
-         "--tiny-hidden", "32", "--tiny-layers", "1", "--vocab-size", "300", "--no-progress"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO)
+    def warm_only(out, *extra):
+        return subprocess.run(
+            [sys.executable, "-m", "benchmarks.learning", "--model", "tiny", "--quick", "--warm-only",
+             "--out", str(out), "--jobs", "1", *extra,
+             "--train-games", "20", "--eval-games", "3", "--sft-episodes", "8", "--sft-epochs", "1", "--max-turns",
+             "4", "--tiny-hidden", "32", "--tiny-layers", "1", "--vocab-size", "300", "--no-progress"],
+            capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO)
+
+    out, ledger = tmp_path / "learning", tmp_path / "ledger.jsonl"
+    done = warm_only(out, "--ledger", str(ledger))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "warm start 0: held-out" in done.stdout and "/3 = " in done.stdout
     assert (out / "warm0" / "report.json").is_file() and (out / "warm0" / "model" / "config.json").is_file()
     assert not any((out / "warm0" / m).exists() for m in learning.DEFAULT_METHODS)
     assert not (out / "learning.txt").exists()
+    # the ledger's premise: the same warm start trained again (same seed, CPU and threads) has the same weights
+    (record,) = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert record["warm"] == 0 and record["threads"] == 1 and len(record["outcomes"]) == 3
+    again = warm_only(tmp_path / "again")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert learning.weights_sha256(tmp_path / "again" / "warm0" / "model") == record["weights_sha256"]
 
 
 def _finished_out(monkeypatch, out, weights: bytes, runs: dict, start: list[int], outcomes: dict) -> None:
