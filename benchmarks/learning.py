@@ -487,16 +487,33 @@ def rl_run_dir(out: Path, warm: int, method: str, seed: int) -> Path:
     return out / f"warm{warm}" / method / f"seed{seed}"
 
 
-def ledger_settings(args: argparse.Namespace, held_out_seeds: list[int]) -> dict[str, Any]:
-    """Every setting that changes what a warm start or run measures: the ledger shares runs only between
-    invocations where these are equal (not --jobs, --threads, --out or the table's bootstrap)."""
+def ledger_settings(args: argparse.Namespace, held_out_seeds: list[int], cpu: str | None = None) -> dict[str, Any]:
+    """Every setting that changes what a warm start or run measures, and the CPU (its kernels, and whether
+    `autocast auto` is bf16 there, change every number): the ledger shares runs only between invocations where
+    these are equal (not --jobs, --threads, --out or the table's bootstrap)."""
     credit = parse_options(args.credit)
     if args.invalid_coef is not None:
         credit["invalid_coef"] = args.invalid_coef
     model = ({"tiny_hidden": args.tiny_hidden, "tiny_layers": args.tiny_layers, "vocab_size": args.vocab_size}
              if args.model == "tiny" else Path(args.model).name)
     return {"env": args.env, "model": model, "recipe": recipe_of(args).fields(), "credit": credit,
-            "sft_privileged": args.sft_privileged, "device": args.device, "held_out_seeds": held_out_seeds}
+            "sft_privileged": args.sft_privileged, "device": args.device, "held_out_seeds": held_out_seeds,
+            "cpu": cpu or cpu_model()}
+
+
+def open_ledger(args: argparse.Namespace, held_out_seeds: list[int]) -> RunLedger | None:
+    """`--ledger`'s runs on this CPU. A table (`--table-only`) of a ledger with none from this CPU reads the runs
+    of these settings from the CPU with the most of them, and says so."""
+    if not args.ledger:
+        return None
+    ledger = RunLedger(args.ledger, ledger_settings(args, held_out_seeds))
+    if args.table_only and not ledger.records:
+        tried = [RunLedger(args.ledger, ledger_settings(args, held_out_seeds, cpu)) for cpu in ledger.cpus()]
+        if found := max((t for t in tried if t.records), key=lambda t: len(t.records), default=None):
+            print(f"ledger {args.ledger}: no runs of these settings on this CPU ({cpu_model()}); the table is of "
+                  f"those on {found.settings['cpu']}", flush=True)
+            return found
+    return ledger
 
 
 def record_finished(ledger: RunLedger, out: Path, methods: Sequence[str], seconds: dict | None = None,
@@ -707,7 +724,7 @@ def main(argv=None) -> int:
     eval_options, seeds, panel_line = held_out_panel(args, env_options)
     print(panel_line, flush=True)
     common = shared_fields(args, env_options, eval_options, seeds)
-    ledger = RunLedger(args.ledger, ledger_settings(args, seeds)) if args.ledger else None
+    ledger = open_ledger(args, seeds)
     try:
         return run_and_report(args, out, methods, common, seeds, panel_line, ledger, started, load_before)
     except LedgerMismatch as exc:

@@ -86,6 +86,10 @@ class RunLedger:
         self.records = [r for r in self._all if r.get("design") == self.key]
         self.other_designs = len(self._all) - len(self.records)
 
+    def cpus(self) -> list[str]:
+        """The CPUs named in the settings of every design's warm starts in the file (this design's too)."""
+        return sorted({r["settings"]["cpu"] for r in self._all if "cpu" in r.get("settings", {})})
+
     def add(self, record: dict[str, Any]) -> dict[str, Any]:
         """Record a finished warm start (no `method`) or run, stamped with this design and the date, and rewrite
         the file atomically (a crash leaves the old file or the new one, never half a line). Two invocations

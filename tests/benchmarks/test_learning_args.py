@@ -372,7 +372,8 @@ def test_the_ledger_carries_finished_runs_into_a_new_checkout(monkeypatch, tmp_p
 
 
 def test_the_table_reads_a_ledger_alone(monkeypatch, tmp_path, capsys):
-    """`--table-only --ledger` in a checkout with no runs prints the ledger's table, its figures the runs'."""
+    """`--table-only --ledger` in a checkout with no runs prints the ledger's table, its figures the runs', also on
+    a machine with another CPU (which names the runs' CPU); there, runs to do do not count the other CPU's."""
     rng = np.random.default_rng(2)
     start = [int(x) for x in rng.random(50) < 0.2]
     runs = {0: [int(x) for x in rng.random(50) < 0.4], 1: [int(x) for x in rng.random(50) < 0.4]}
@@ -380,10 +381,13 @@ def test_the_table_reads_a_ledger_alone(monkeypatch, tmp_path, capsys):
     _finished_out(monkeypatch, old, b"weights", runs, start, {})
     argv = ["--methods", "grpo", "--bootstrap", "200", "--table-only", "--ledger", str(tmp_path / "ledger.jsonl")]
     ledger = learning.RunLedger(tmp_path / "ledger.jsonl",
-                                learning.ledger_settings(learning.parse_args(argv), list(range(50))))
+                                learning.ledger_settings(learning.parse_args(argv), list(range(50)), "Other CPU x 64"))
     learning.record_finished(ledger, old, ["grpo"])
+    training = learning.parse_args([a for a in argv if a != "--table-only"])
+    assert learning.open_ledger(training, list(range(50))).records == []  # not this CPU's runs
     assert learning.main([*argv, "--out", str(tmp_path / "empty")]) == 0
     table = capsys.readouterr().out
+    assert "the table is of those on Other CPU x 64" in table
     mean = 100 * np.mean([runs[0], runs[1]])
     assert f"warm start: {100 * np.mean(start):.1f}%" in table
     assert f"{'grpo':<10} {mean:>8.1f}%" in table
