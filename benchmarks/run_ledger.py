@@ -58,8 +58,10 @@ class RunLedger:
     """The finished warm starts and runs of one design in a JSON-lines file (created on the first record).
 
     A warm start's record: `{"design", "warm", "outcomes", "weights_sha256", "settings", provenance}`; a run's:
-    `{"design", "warm", "method", "seed", "outcomes", "costs", provenance}`; provenance is `commit`, `cpu`,
-    `threads`, `seconds` (None where the run finished in an earlier invocation) and `date`.
+    `{"design", "warm", "method", "seed", "outcomes", "costs", provenance}`; provenance is `commit` (the
+    checkout that recorded it: the one that ran it when it finished in an invocation with this ledger, else a
+    later one), `cpu`, `threads`, `seconds` (None where the run finished in an invocation without the ledger)
+    and `date`.
     """
 
     def __init__(self, path: str | Path, settings: dict[str, Any]):
