@@ -232,6 +232,7 @@ ALLOWED_DIRECT_WRITES = {
     ("environments/searchqa/fetch.py",
      "open("): "a download streamed to a hidden .part file, fsynced, then renamed into place",
     ("environments/alfworld/panel.py", "open("): "the panel's lock file (its content is never read)",
+    ("benchmarks/run_ledger.py", "open("): "the ledger's lock file (its content is never read)",
     ("retrieval_index/process.py", "open("): "the child server's log (appended, diagnostic only)",
     ("trainer/memory.py", "open("): "a command to the kernel (/proc/self/clear_refs), not a file",
     ("benchmarks/retrieval_speed.py", "open("): "a scratch corpus in a temporary folder, deleted after the run",
