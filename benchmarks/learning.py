@@ -66,7 +66,7 @@ import numpy as np
 
 import agentgym_opsd
 from agentgym_opsd.episode import load_episodes
-from agentgym_opsd.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl
+from agentgym_opsd.io import DataFileError, atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl
 from agentgym_opsd.summary import wilson_interval as wilson
 from agentgym_opsd.usage import UsageError, parse_options
 from benchmarks.common import PAGES, add_page_argument, cpu_model, git_commit, write_results_page
@@ -724,7 +724,12 @@ def main(argv=None) -> int:
     eval_options, seeds, panel_line = held_out_panel(args, env_options)
     print(panel_line, flush=True)
     common = shared_fields(args, env_options, eval_options, seeds)
-    ledger = open_ledger(args, seeds)
+    try:
+        ledger = open_ledger(args, seeds)
+    except (DataFileError, OSError) as exc:
+        print(f"learning.py: --ledger {args.ledger} cannot be read ({exc}); give a JSON-lines ledger this benchmark "
+              "wrote, or a new path", file=sys.stderr)
+        return 2
     try:
         return run_and_report(args, out, methods, common, seeds, panel_line, ledger, started, load_before)
     except LedgerMismatch as exc:

@@ -404,3 +404,11 @@ def test_two_invocations_sharing_a_ledger_keep_each_others_records(tmp_path):
     first.add({"warm": 0, "method": "grpo", "seed": 0, "outcomes": "10", "costs": {}})
     assert sorted((r["warm"], r.get("method", "")) for r in learning.RunLedger(path, settings).records) == [
         (0, ""), (0, "grpo"), (1, "")]
+
+
+def test_a_ledger_that_is_not_one_is_a_usage_error(tmp_path, capsys):
+    junk = tmp_path / "ledger.jsonl"
+    junk.write_text("not json\n")
+    assert learning.main(["--table-only", "--ledger", str(junk), "--out", str(tmp_path / "out")]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+    assert junk.read_text() == "not json\n"  # left as it was
