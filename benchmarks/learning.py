@@ -97,6 +97,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     ap.add_argument("--seeds", type=int, default=1, help="RL runs per method and warm start (seeds 0..N-1), paired")
     ap.add_argument("--warm-starts", type=int, default=1, help="independent warm starts (0..W-1), each with every run")
+    ap.add_argument("--only-warm-starts", metavar="W[,W...]",
+                    help="train and run from only these of the warm starts 0..W-1 (to split a grid over sittings; "
+                    "the table still counts every finished run)")
     ap.add_argument("--quick", action="store_true", help="a smoke run of every stage (its own OUT)")
     ap.add_argument("--out", help="default runs/learning-<model>[-quick]")
     for name, kind in (("train-games", int), ("eval-games", int), ("max-turns", int), ("sft-episodes", int),
@@ -141,6 +144,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("seeds", "warm_starts"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.only_warm_starts is not None:
+        try:
+            only = sorted({int(w) for w in args.only_warm_starts.split(",") if w.strip()})
+        except ValueError:
+            only = []
+        if not only or not all(0 <= w < args.warm_starts for w in only):
+            ap.error(f"--only-warm-starts takes warm starts among 0..{args.warm_starts - 1} (of --warm-starts "
+                     f"{args.warm_starts}), comma-separated; got {args.only_warm_starts!r}")
+        args.only_warm_starts = only
     # the invalid-turn penalty is a recipe field (`--invalid-coef`); `--credit invalid_coef=X` is the same setting
     try:
         credit = parse_options(args.credit)
@@ -428,6 +440,12 @@ def shared_sft_note(warm_starts: int, episodes: int, games: int) -> str | None:
             f"--sft-episodes <= {games // warm_starts}")
 
 
+def chosen_warm_starts(args) -> list[int]:
+    """The warm starts this invocation trains and runs from: `--only-warm-starts`, else 0..W-1."""
+    only = getattr(args, "only_warm_starts", None)
+    return only if only is not None else list(range(args.warm_starts))
+
+
 def run_warm_starts(args, out: Path, common: dict, methods: Sequence[str] = (), ledger: RunLedger | None = None,
                     done: Callable[[Any, float], None] | None = None) -> tuple[dict, dict[int, list[int]]]:
     """Train and evaluate the warm starts not done yet (one the ledger holds only where an RL run of `methods`
@@ -435,7 +453,7 @@ def run_warm_starts(args, out: Path, common: dict, methods: Sequence[str] = (), 
     model_fields = ({**TINY_QWEN3, "vocab_size": args.vocab_size, "tiny_hidden": args.tiny_hidden,
                      "tiny_layers": args.tiny_layers} if args.model == "tiny" else dict(model=args.model))
     todo = {}
-    for w in ([] if args.table_only else range(args.warm_starts)):
+    for w in ([] if args.table_only else chosen_warm_starts(args)):
         warm = out / f"warm{w}"
         recorded = ledger is not None and ledger.warm(w) is not None
         runs_left = not args.warm_only and ledger is not None and any(
@@ -464,7 +482,7 @@ def run_rl(args, out: Path, methods: Sequence[str], common: dict, ledger: RunLed
     if args.invalid_coef is not None:
         credit["invalid_coef"] = args.invalid_coef
     for seed in ([] if args.table_only else range(args.seeds)):
-        for w in range(args.warm_starts):
+        for w in chosen_warm_starts(args):
             for method in methods:
                 run_dir = out / f"warm{w}" / method / f"seed{seed}"
                 if not (run_dir / "report.json").exists() and not (ledger and ledger.run(method, w, seed)):

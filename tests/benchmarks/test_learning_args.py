@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +29,10 @@ def test_bad_counts_are_usage_errors(usage_errors):
                               (["--invalid-coef", "-1"], "--invalid-coef must be a number >= 0"),
                               (["--credit", "invalid_coef=many"], "--invalid-coef must be a number >= 0"),
                               (["--credit", "lam_mix"], "--credit 'lam_mix': write it as KEY=VALUE"),
-                              (["--invalid-coef", "0", "--credit", "invalid_coef=0.1"], "set the same penalty")))
+                              (["--invalid-coef", "0", "--credit", "invalid_coef=0.1"], "set the same penalty"),
+                              (["--warm-starts", "3", "--only-warm-starts", "3"], "among 0..2"),
+                              (["--only-warm-starts", "one"], "among 0..0"),
+                              (["--warm-starts", "2", "--only-warm-starts", ","], "among 0..1")))
 
 
 def rl_fields(monkeypatch, tmp_path, argv: list[str]) -> tuple[list[dict], int | None]:
@@ -50,6 +54,20 @@ def test_kl_coef_and_threads_reach_every_rl_run(monkeypatch, tmp_path):
     assert threads == 1 and len(runs) == 2
     bare, _ = rl_fields(monkeypatch, tmp_path, [])
     assert {fields["kl_coef"] for fields in bare} == {learning.PICK_REAL.kl_coef}
+
+
+def test_only_warm_starts_trains_and_runs_from_those_alone(monkeypatch, tmp_path):
+    """`--only-warm-starts 2` of three: warm start 2 is trained and its runs started, 0 and 1 are left alone."""
+    argv = ["--warm-starts", "3", "--seeds", "2", "--only-warm-starts", "2"]
+    runs, _ = rl_fields(monkeypatch, tmp_path, argv)
+    assert sorted((Path(f["model"]).parent.name, f["method"], f["seed"]) for f in runs) == [
+        ("warm2", m, s) for m in ("gigpo", "grpo") for s in (0, 1)]
+    started = {}
+    monkeypatch.setattr(learning, "run_jobs", lambda todo, *a, **k: started.update(todo) or {})
+    learning.run_warm_starts(learning.parse_args([*argv, "--out", str(tmp_path)]), tmp_path, {}, ["grpo"])
+    assert list(started) == [("warm start", 2)]
+    everything, _ = rl_fields(monkeypatch, tmp_path, ["--warm-starts", "3"])
+    assert {Path(f["model"]).parent.name for f in everything} == {"warm0", "warm1", "warm2"}
 
 
 def test_the_invalid_turn_penalty_is_the_recipes_unless_a_flag_says_otherwise(monkeypatch, tmp_path):
