@@ -122,12 +122,13 @@ def page_plot(png: Path, name: str, *, pages: Path | None = None) -> tuple[str, 
     return (f"{name}.png",)
 
 
-def write_results_page(name: str, title: str, body: str, *, command: str, threads: int | None = None,
+def write_results_page(name: str, title: str, body: str, *, command: str, threads: int | str | None = None,
                        load: Any = None, commit: str | None = None, plots: tuple[str, ...] = (),
-                       pages: Path | None = None) -> Path:
+                       pages: Path | None = None, cpu: str | None = None) -> Path:
     """Write docs/benchmarks/`name`.md: the title, a line naming the command, commit, CPU model, threads,
-    load average and date, the results `body` (markdown) and the plots (paths relative to the page),
-    then the hand-written discussion kept from the page already there (below `DISCUSSION_MARKER`)."""
+    load average and date (`cpu`: the CPU the figures were measured on, where not this one), the results
+    `body` (markdown) and the plots (paths relative to the page), then the hand-written discussion kept
+    from the page already there (below `DISCUSSION_MARKER`)."""
     path = (pages or PAGES) / f"{name}.md"
     discussion = "\nNo discussion yet.\n"
     if path.is_file():
@@ -136,7 +137,7 @@ def write_results_page(name: str, title: str, body: str, *, command: str, thread
             discussion = old.split(DISCUSSION_MARKER, 1)[1]
     load_text = ("not recorded" if load is None else
                  " -> ".join(f"{x:.2f}" for x in load) if isinstance(load, (list, tuple)) else str(load))
-    facts = (f"Measured at commit {commit or git_commit()} on {time.strftime('%Y-%m-%d')}, on {cpu_model()}, "
+    facts = (f"Measured at commit {commit or git_commit()} on {time.strftime('%Y-%m-%d')}, on {cpu or cpu_model()}, "
              f"{'threads not recorded' if threads is None else f'{threads} torch thread(s)'}, load average "
              f"{load_text}, by:\n\n    {command}")
     figures = "".join(f"\n![{Path(p).stem}]({p})\n" for p in plots)

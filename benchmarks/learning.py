@@ -496,6 +496,15 @@ def run_rl(args, out: Path, methods: Sequence[str], common: dict, ledger: RunLed
     return run_jobs(todo, args.jobs, args.progress, threads=args.threads, done=done)
 
 
+def measured_on(args: argparse.Namespace, ledger: RunLedger | None) -> dict[str, Any]:
+    """The results page's CPU and threads: this invocation's, or for a table of a ledger's runs (`--table-only`)
+    the CPU and thread counts the ledger's records name."""
+    if not (args.table_only and ledger is not None and ledger.records):
+        return {"threads": threads_per_run(args)}
+    counts = sorted({int(r["threads"]) for r in ledger.records if r.get("threads")})
+    return {"cpu": ledger.settings["cpu"], "threads": "/".join(map(str, counts)) or None}
+
+
 def threads_per_run(args: argparse.Namespace) -> int:
     """The torch threads each run of a full round of `--jobs` runs gets: `--threads`, else the CPUs' share."""
     return args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
@@ -826,9 +835,8 @@ def run_and_report(args, out: Path, methods: list[str], common: dict, seeds: lis
         page = write_results_page(
             "learning", "Does RL raise held-out success above the warm start, and does per-turn credit beat GRPO?",
             f"```\n{table}\n```", command="python -m benchmarks.learning " + " ".join(sys.argv[1:]),
-            threads=threads_per_run(args),
             load=None if args.table_only else [round(load_before, 2), round(load_after, 2)],  # a read-back
-            plots=("learning.png",))
+            plots=("learning.png",), **measured_on(args, ledger))
         print(f"wrote {page}")
     return 0
 

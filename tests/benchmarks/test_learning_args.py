@@ -410,6 +410,12 @@ def test_the_table_reads_a_ledger_alone(monkeypatch, tmp_path, capsys):
     assert f"warm start: {100 * np.mean(start):.1f}%" in table
     assert f"{'grpo':<10} {mean:>8.1f}%" in table
     assert "ledger" in table and "1 warm start(s) and 2 run(s) of this design" in table
+    # the results page names the runs' CPU and threads, not this machine's
+    tabled = learning.parse_args([*argv, "--threads", "3"])
+    found = learning.open_ledger(tabled, list(range(50)))
+    assert learning.measured_on(tabled, found) == {"cpu": "Other CPU x 64", "threads": "1"}  # warm start's config
+    assert learning.measured_on(training, learning.open_ledger(training, list(range(50)))) == {
+        "threads": learning.threads_per_run(training)}  # an invocation that trains: its own
 
 
 def test_two_invocations_sharing_a_ledger_keep_each_others_records(tmp_path):
