@@ -442,8 +442,7 @@ def shared_sft_note(warm_starts: int, episodes: int, games: int) -> str | None:
 
 def chosen_warm_starts(args) -> list[int]:
     """The warm starts this invocation trains and runs from: `--only-warm-starts`, else 0..W-1."""
-    only = getattr(args, "only_warm_starts", None)
-    return only if only is not None else list(range(args.warm_starts))
+    return args.only_warm_starts if args.only_warm_starts is not None else list(range(args.warm_starts))
 
 
 def run_warm_starts(args, out: Path, common: dict, methods: Sequence[str] = (), ledger: RunLedger | None = None,
