@@ -321,6 +321,19 @@ def step_costs(metrics: Sequence[dict]) -> dict[str, float]:
             "peak_phase": max(phases, key=phases.get) if phases else None}
 
 
+def run_seconds(metrics: Sequence[dict]) -> float | None:
+    """A run's own seconds from its metrics.jsonl: every update's step time plus its evaluations, summed over
+    all the invocations that ran it (a resumed run counts the updates before the resume too). None where the
+    metrics hold no step times (a warm start)."""
+    metrics = list(metrics)  # read_jsonl yields once
+    steps = {r.get("step"): float(r["time/step_s"])
+             for r in metrics if r.get("kind") == "train" and "time/step_s" in r}
+    if not steps:
+        return None
+    evals = {r.get("step"): float(r.get("eval/seconds", 0.0)) for r in metrics if r.get("kind") == "eval"}
+    return sum(steps.values()) + sum(evals.values())
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -547,15 +560,18 @@ def record_finished(ledger: RunLedger, out: Path, methods: Sequence[str], second
     """Add every warm start and run of `methods` finished under `out` that the ledger lacks; returns how many.
     A warm start under `out` whose weights differ from the ledger's record raises `LedgerMismatch` (runs from
     it could not be paired with the ledger's). `seconds`: wall seconds by run_jobs key, where known;
-    `fingerprints`: a cache of warm starts' weight hashes (hashing 0.5 GB takes a second)."""
+    `fingerprints`: a cache of warm starts' weight hashes (hashing 0.5 GB takes a second). An RL run's seconds
+    are its own (`run_seconds`: all its updates and evaluations, also across a resume), not this invocation's."""
     seconds = seconds or {}
     fingerprints = {} if fingerprints is None else fingerprints
     added = 0
 
     def provenance(run_dir: Path, key) -> dict:
         config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
+        own = run_seconds(read_jsonl(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").exists() else None
+        wall = own if own is not None else seconds.get(key)  # a warm start: this invocation's wall time
         return {"commit": git_commit(), "cpu": cpu_model(), "threads": config.get("cpu_threads"),
-                "seconds": round(seconds[key], 1) if key in seconds else None}
+                "seconds": round(wall, 1) if wall is not None else None}
 
     for warm in sorted(out.glob("warm*")):
         if not warm.name[4:].isdigit() or not (warm / "report.json").exists():
@@ -715,8 +731,10 @@ def table_lines(args, methods: Sequence[str], design: dict[str, dict[int, list[i
         + ("a cluster t over the warm starts (t with W-1 degrees of freedom on the per-warm-start means: it holds "
            "warm-start, seed and game variance; with few warm starts it is wide). " if len(warms) >= 2 else
            "a bootstrap over seeds and games: one warm start, so warm-start variance is NOT in the interval. ")
-        + ("With one run per method the interval holds game sampling only: the run-to-run spread, which decided "
-           "rankings before, is not in it. " if one_run_each else "")
+        + (("With one run per method the interval holds game sampling only: the run-to-run spread, which decided "
+            "rankings before, is not in it. " if len(warms) < 2 else
+            "One seed per warm start: the spread between warm starts holds seed variance too, the two are not "
+            "told apart. ") if one_run_each else "")
         + ("vs GRPO: paired on the seeds both methods ran from each warm start (each method's own columns use all "
            "its runs). " if not same_seeds else "")
         + ("runs for +-2: warm starts (each with as many seeds) for a +-2-point interval on the difference, with "

@@ -338,6 +338,15 @@ def test_a_method_keeps_its_extra_seeds_and_is_paired_to_grpo_on_the_seeds_both_
                                  learning.analyse(args, tmp_path, ["grpo", "gigpo"], same, {}), "panel")
     assert "2 warm start(s) x 1 seed(s)" in lines[0]
     assert not any("paired on the seeds both methods ran" in line for line in lines)
+    # one seed per warm start: the cluster t's spread holds seed variance too; it is not "game sampling only"
+    caption = next(line for line in lines if line.startswith("After RL"))
+    assert "cluster t" in caption and "game sampling only" not in caption
+    assert "seed variance too" in caption
+    one = {"grpo": {0: [0]}, "gigpo": {0: [0]}}
+    caption = next(line for line in learning.table_lines(
+        args, ["grpo", "gigpo"], one, learning.analyse(args, tmp_path, ["grpo", "gigpo"], one, {}), "panel")
+        if line.startswith("After RL"))
+    assert "game sampling only" in caption and "cluster t" not in caption
 
 
 def test_the_ledger_carries_finished_runs_into_a_new_checkout(monkeypatch, tmp_path, capsys):
@@ -436,3 +445,21 @@ def test_a_ledger_that_is_not_one_is_a_usage_error(tmp_path, capsys):
     assert learning.main(["--table-only", "--ledger", str(junk), "--out", str(tmp_path / "out")]) == 2
     assert "cannot be read" in capsys.readouterr().err
     assert junk.read_text() == "not json\n"  # left as it was
+
+
+def test_a_resumed_runs_ledger_seconds_are_the_whole_runs(monkeypatch, tmp_path):
+    """A run resumed after update 2 is recorded with every update's and evaluation's seconds, not only those of
+    the invocation that finished it; a warm start keeps the invocation's wall seconds."""
+    from agentgym_opsd.io import read_jsonl
+    _finished_out(monkeypatch, tmp_path, b"weights", {0: [1, 0]}, [0, 0], {})
+    monkeypatch.setattr(learning, "read_jsonl", read_jsonl)
+    first = [{"kind": "train", "step": s, "time/step_s": 100.0} for s in (1, 2)]  # before the resume
+    second = [{"kind": "train", "step": 3, "time/step_s": 80.0}, {"kind": "eval", "step": 3, "eval/seconds": 30.0}]
+    run_dir = learning.rl_run_dir(tmp_path, 0, "grpo", 0)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first + second))
+    assert learning.run_seconds(first + second) == 310.0
+    assert learning.run_seconds([{"kind": "sft", "loss": 1.0}]) is None
+    ledger = learning.RunLedger(tmp_path / "ledger.jsonl", {"lr": 2e-5})
+    learning.record_finished(ledger, tmp_path, ["grpo"], seconds={("grpo", 0, 0): 95.0, ("warm start", 0): 40.0})
+    by_kind = {r.get("method", "warm"): r["seconds"] for r in ledger.records}
+    assert by_kind == {"grpo": 310.0, "warm": 40.0}
