@@ -324,8 +324,7 @@ def step_costs(metrics: Sequence[dict]) -> dict[str, float]:
 def run_seconds(metrics: Sequence[dict]) -> float | None:
     """A run's own seconds from its metrics.jsonl: every update's step time plus its evaluations, summed over
     all the invocations that ran it (a resumed run counts the updates before the resume too). None where the
-    metrics hold no step times (a warm start)."""
-    metrics = list(metrics)  # read_jsonl yields once
+    metrics hold no step times."""
     steps = {r.get("step"): float(r["time/step_s"])
              for r in metrics if r.get("kind") == "train" and "time/step_s" in r}
     if not steps:
@@ -566,10 +565,8 @@ def record_finished(ledger: RunLedger, out: Path, methods: Sequence[str], second
     fingerprints = {} if fingerprints is None else fingerprints
     added = 0
 
-    def provenance(run_dir: Path, key) -> dict:
+    def provenance(run_dir: Path, wall: float | None) -> dict:
         config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
-        own = run_seconds(read_jsonl(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").exists() else None
-        wall = own if own is not None else seconds.get(key)  # a warm start: this invocation's wall time
         return {"commit": git_commit(), "cpu": cpu_model(), "threads": config.get("cpu_threads"),
                 "seconds": round(wall, 1) if wall is not None else None}
 
@@ -589,7 +586,7 @@ def record_finished(ledger: RunLedger, out: Path, methods: Sequence[str], second
         if record is None:
             ledger.add({"warm": w, "outcomes": outcome_bits(final_outcomes(warm, 0)),
                         "weights_sha256": fingerprints[w], "settings": ledger.settings,
-                        **provenance(warm, ("warm start", w))})
+                        **provenance(warm, seconds.get(("warm start", w)))})
             added += 1
         for method in methods:
             for run_dir in sorted((warm / method).glob("seed*")):
@@ -597,9 +594,11 @@ def record_finished(ledger: RunLedger, out: Path, methods: Sequence[str], second
                     continue
                 s = int(run_dir.name[4:])
                 if ledger.run(method, w, s) is None:
+                    metrics = list(read_jsonl(run_dir / "metrics.jsonl"))  # read once: costs and seconds
+                    own = run_seconds(metrics)
                     ledger.add({"warm": w, "method": method, "seed": s,
-                                "outcomes": outcome_bits(run_outcomes(out, method, w, s)),
-                                "costs": run_costs(out, method, w, s), **provenance(run_dir, (method, w, s))})
+                                "outcomes": outcome_bits(run_outcomes(out, method, w, s)), "costs": step_costs(metrics),
+                                **provenance(run_dir, own if own is not None else seconds.get((method, w, s)))})
                     added += 1
     return added
 
